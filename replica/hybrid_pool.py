@@ -1,0 +1,98 @@
+"""``HybridReqToTokenPool``: req rows, the mamba pool and the KV token pool of one replica.
+
+Every sequence (a running request, or an idle session between turns) holds one req row, one
+mamba slot for its live state (``mamba_pool_idx``) and ``mamba_track_buffers`` more mamba slots
+(its track buffer; entry 0 holds the checkpoint that makes turns atomic), plus the KV pages of
+its positions. ``alloc_seqs`` and ``alloc`` are all-or-nothing; ``free_seq`` gives back all of it,
+the mamba slots included.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple, Sequence
+
+import torch
+
+from replica.config import ModelConfig, PoolConfig
+from replica.errors import PoolExhaustedError
+from replica.kv_pool import KVTokenPool
+from replica.mamba_pool import MambaPool
+from replica.req_to_token_pool import ReqToTokenPool
+
+if TYPE_CHECKING:
+    from replica.request import Req
+
+
+class SeqSlots(NamedTuple):
+    """What one sequence holds in the row and mamba pools."""
+
+    req_pool_idx: int
+    mamba_pool_idx: int
+    mamba_track_buffer: tuple[int, ...]
+
+
+class HybridReqToTokenPool(ReqToTokenPool):
+    def __init__(self, model: ModelConfig, pools: PoolConfig) -> None:
+        super().__init__(pools.max_sessions, pools.max_context, pools.device)
+        self.config = pools
+        self.mamba_pool = MambaPool(model, pools.mamba_slots, pools.state_dtype, pools.device)
+        self.kv_pool = KVTokenPool(model, pools.kv_token_slots, pools.page_size, pools.kv_dtype,
+                                   pools.device)
+
+    @property
+    def slots_per_seq(self) -> int:
+        return self.config.mamba_slots_per_seq
+
+    def can_alloc(self, n: int) -> bool:
+        return self.num_free >= n and self.mamba_pool.can_alloc(n * self.slots_per_seq)
+
+    def alloc_seqs(self, n: int) -> list[SeqSlots]:
+        """Rows and mamba slots (zeroed) for ``n`` new sequences; all-or-nothing."""
+        if not self.can_alloc(n):
+            raise PoolExhaustedError(
+                f"no room for {n} more sequences: {self.num_free} req rows and "
+                f"{self.mamba_pool.num_free} mamba slots free, each sequence needs 1 row and "
+                f"{self.slots_per_seq} mamba slots"
+            )
+        rows = self.alloc_rows(n).tolist()
+        mamba = self.mamba_pool.alloc(n * self.slots_per_seq).view(n, self.slots_per_seq).tolist()
+        return [SeqSlots(row, m[0], tuple(m[1:])) for row, m in zip(rows, mamba)]
+
+    def alloc(self, reqs: Sequence[Req]) -> None:
+        """Give each new request a row, a ``mamba_pool_idx`` and its track buffer."""
+        for req, seq in zip(reqs, self.alloc_seqs(len(reqs))):
+            req.req_pool_idx = seq.req_pool_idx
+            req.mamba_pool_idx = seq.mamba_pool_idx
+            req.mamba_track_buffer = seq.mamba_track_buffer
+            req.kv_len = 0
+
+    def free_seq(self, seq: SeqSlots, kv_len: int) -> None:
+        """Free a sequence's KV pages (positions ``0..kv_len-1``), its row and its mamba slots."""
+        self.kv_pool.truncate(self.req_to_token, seq.req_pool_idx, 0, kv_len)
+        self.free_rows(seq.req_pool_idx)
+        self.free_mamba(seq)
+
+    def free_mamba(self, seq: SeqSlots) -> None:
+        self.mamba_pool.free([seq.mamba_pool_idx, *seq.mamba_track_buffer])
+
+    def free(self, req: Req) -> None:
+        """Free everything a request holds and clear its fields."""
+        self.free_seq(req.seq_slots(), req.kv_len)
+        req.clear_slots()
+
+    @property
+    def buffers(self):
+        """The model's view of the state tensors (``replica.model.LayerBuffers``)."""
+        from replica.model.buffers import LayerBuffers
+
+        return LayerBuffers(conv=self.mamba_pool.conv, ssm=self.mamba_pool.ssm,
+                            k=self.kv_pool.k, v=self.kv_pool.v)
+
+    def check_integrity(self) -> None:
+        super().check_integrity()
+        self.mamba_pool.check_integrity()
+        self.kv_pool.check_integrity()
+
+
+def as_index(values: Sequence[int], device: str) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64, device=device)

@@ -1,0 +1,62 @@
+"""``MambaPool``: the recurrent state of every mamba layer, one slot per sequence state.
+
+Per mamba layer a conv state ``[slots, conv_dim, d_conv-1]`` and an SSM state
+``[slots, n_heads, head_dim, d_state]``. A freshly allocated slot holds zero state, so a new
+sequence starts from the model's initial state. ``copy(src, dst)`` copies every layer's state,
+which is how a turn's checkpoint is taken and restored. Double free and freeing a slot that was
+never allocated raise ``SlotStateError``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from replica.config import ModelConfig
+from replica.slot_allocator import SlotAllocator
+
+
+class MambaPool:
+    def __init__(self, model: ModelConfig, slots: int, dtype: torch.dtype = torch.float32,
+                 device: str = "cpu") -> None:
+        self.slots = slots
+        self.device = device
+        n = model.num_mamba_layers
+        # One tensor per state kind for all layers, so zeroing or copying a batch of slots is one
+        # op, not one per layer; ``conv[i]`` and ``ssm[i]`` are per-layer views the model uses.
+        self.conv_all = torch.zeros((n, slots, *model.conv_state_shape), dtype=dtype, device=device)
+        self.ssm_all = torch.zeros((n, slots, *model.ssm_state_shape), dtype=dtype, device=device)
+        self.conv = list(self.conv_all.unbind(0))
+        self.ssm = list(self.ssm_all.unbind(0))
+        self.allocator = SlotAllocator(slots, "mamba")
+
+    @property
+    def num_free(self) -> int:
+        return self.allocator.num_free
+
+    def can_alloc(self, n: int) -> bool:
+        return self.allocator.can_alloc(n)
+
+    def alloc(self, n: int) -> torch.Tensor:
+        """Take ``n`` slots, zeroed. All-or-nothing; raises ``PoolExhaustedError`` when full."""
+        idx = self.allocator.alloc(n)
+        if n:
+            self.zero(idx)
+        return idx
+
+    def free(self, idx: torch.Tensor | list[int] | int) -> None:
+        self.allocator.free(idx)
+
+    def zero(self, idx: torch.Tensor) -> None:
+        dev_idx = idx.to(self.device)
+        self.conv_all.index_fill_(1, dev_idx, 0)
+        self.ssm_all.index_fill_(1, dev_idx, 0)
+
+    def copy(self, src: torch.Tensor | int, dst: torch.Tensor | int) -> None:
+        """Copy the state of slots ``src`` into slots ``dst`` (same length), every layer."""
+        src_t = torch.as_tensor(src, dtype=torch.int64, device=self.device).reshape(-1)
+        dst_t = torch.as_tensor(dst, dtype=torch.int64, device=self.device).reshape(-1)
+        self.conv_all.index_copy_(1, dst_t, self.conv_all.index_select(1, src_t))
+        self.ssm_all.index_copy_(1, dst_t, self.ssm_all.index_select(1, src_t))
+
+    def check_integrity(self) -> None:
+        self.allocator.check_integrity()

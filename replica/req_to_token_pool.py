@@ -1,0 +1,36 @@
+"""``ReqToTokenPool``: one row per live sequence mapping its positions to KV token slots.
+
+``req_to_token[row, pos]`` is the KV token slot of position ``pos`` of the sequence that owns
+``row``. A row is owned by exactly one running request or idle session; entries beyond the
+owner's allocated length are meaningless.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from replica.slot_allocator import SlotAllocator
+
+
+class ReqToTokenPool:
+    def __init__(self, rows: int, max_context_len: int, device: str = "cpu") -> None:
+        self.rows = rows
+        self.max_context_len = max_context_len
+        self.req_to_token = torch.zeros((rows, max_context_len), dtype=torch.int32, device=device)
+        self.row_allocator = SlotAllocator(rows, "req")
+
+    @property
+    def num_free(self) -> int:
+        return self.row_allocator.num_free
+
+    def can_alloc(self, n: int) -> bool:
+        return self.row_allocator.can_alloc(n)
+
+    def alloc_rows(self, n: int) -> torch.Tensor:
+        return self.row_allocator.alloc(n)
+
+    def free_rows(self, rows: torch.Tensor | list[int] | int) -> None:
+        self.row_allocator.free(rows)
+
+    def check_integrity(self) -> None:
+        self.row_allocator.check_integrity()

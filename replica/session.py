@@ -1,0 +1,184 @@
+"""Streaming sessions: a session keeps its req row, KV pages and mamba slots between turns.
+
+Ownership of a session's slots moves in one cycle:
+  open ─► idle (the ``SessionSlot`` owns them) ─► ``restore_to_req`` ─► a running turn (the
+  ``Req`` owns them) ─► ``save_from_req`` or ``rollback`` ─► idle ... ─► ``release_session``.
+
+``release_session`` frees everything: KV pages, the req row AND the mamba slots (state plus
+track buffer). It is idempotent. Called while a turn runs, it is deferred: the session takes no
+new turn, and its slots are freed when the turn ends (the engine aborts the turn at once, so the
+wait is at most one engine step). Turns are atomic with a track buffer: ``restore_to_req`` copies
+the live mamba state into track-buffer entry 0, and ``rollback`` copies it back and frees the
+turn's KV tail. Without a track buffer, ``rollback`` commits what the turn had folded in.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable, Collection
+
+from replica.errors import (InvalidRequestError, PoolExhaustedError, SessionNotFoundError,
+                            TurnRunningError)
+from replica.hybrid_pool import HybridReqToTokenPool, SeqSlots
+from replica.request import Req
+
+RELEASE_REASONS = ("closed", "stream_ended", "idle_timeout", "aborted", "replica_lost")
+
+
+@dataclass(slots=True, eq=False)
+class SessionSlot:
+    """What a session holds between turns. ``turn`` is the running turn that owns them now."""
+
+    session_id: str
+    seq: SeqSlots
+    idle_timeout_s: float
+    last_active: float
+    committed_len: int = 0  # tokens folded into the state; KV positions 0..committed_len-1
+    pending_ids: tuple[int, ...] = ()  # produced tokens not yet folded (fed first next turn)
+    turn: Req | None = None
+    close_reason: str | None = None  # set when a close waits for the running turn to end
+
+    @property
+    def committed_tokens(self) -> int:
+        return self.committed_len + len(self.pending_ids)
+
+    @property
+    def req_pool_idx(self) -> int:
+        return self.seq.req_pool_idx
+
+
+class StreamingSession:
+    def __init__(self, pool: HybridReqToTokenPool, idle_timeout_s: float = 300.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.pool = pool
+        self.kv = pool.kv_pool
+        self.default_idle_timeout_s = idle_timeout_s
+        self.clock = clock
+        self.sessions: dict[str, SessionSlot] = {}
+        self.opened_total = 0
+        self.released_total: Counter[str] = Counter()
+
+    def __len__(self) -> int:
+        return len(self.sessions)
+
+    def can_open(self) -> bool:
+        return self.pool.can_alloc(1)
+
+    def open(self, session_id: str, idle_timeout_s: float | None = None) -> SessionSlot:
+        """Reserve a row and 1 + track-buffer mamba slots. Raises ``PoolExhaustedError``."""
+        if session_id in self.sessions:
+            raise InvalidRequestError(f"session {session_id} is already open")
+        if not self.can_open():
+            raise PoolExhaustedError(
+                f"replica is full: {len(self.sessions)} sessions open, "
+                f"{self.pool.mamba_pool.num_free} mamba slots free"
+            )
+        (seq,) = self.pool.alloc_seqs(1)
+        timeout = idle_timeout_s or self.default_idle_timeout_s
+        slot = SessionSlot(session_id, seq, timeout, self.clock())
+        self.sessions[session_id] = slot
+        self.opened_total += 1
+        return slot
+
+    def get(self, session_id: str) -> SessionSlot:
+        slot = self.sessions.get(session_id)
+        if slot is None or slot.close_reason is not None:
+            raise SessionNotFoundError(f"session {session_id} is not open on this replica; "
+                                       "open a new session")
+        return slot
+
+    def restore_to_req(self, req: Req) -> None:
+        """Start a turn: the request takes the session's slots; the pending tokens go first."""
+        slot = self.get(req.session_id)
+        if slot.turn is not None:
+            raise TurnRunningError(f"session {req.session_id} already has a turn running; "
+                                   "wait for it to finish or interrupt it")
+        seq = slot.seq
+        req.req_pool_idx, req.mamba_pool_idx = seq.req_pool_idx, seq.mamba_pool_idx
+        req.mamba_track_buffer = seq.mamba_track_buffer
+        req.prefix_len = req.folded_len = req.kv_len = slot.committed_len
+        req.input_ids = [*slot.pending_ids, *req.input_ids]
+        if seq.mamba_track_buffer:  # checkpoint: entry 0 of the track buffer
+            self.pool.mamba_pool.copy(seq.mamba_pool_idx, seq.mamba_track_buffer[0])
+        slot.turn = req
+
+    def save_from_req(self, req: Req) -> SessionSlot:
+        """End a turn: commit what it folded in; unfolded tokens become pending."""
+        slot = self._turn_slot(req)
+        produced = [*req.input_ids, *req.output_ids]
+        slot.pending_ids = tuple(produced[req.num_input_folded :])
+        slot.committed_len = req.folded_len
+        return self._end_turn(slot, req)
+
+    def rollback(self, req: Req) -> SessionSlot:
+        """End a failed or cancelled turn: back to the checkpoint, or commit what was folded."""
+        slot = self._turn_slot(req)
+        if not slot.seq.mamba_track_buffer:
+            return self.save_from_req(req)
+        self.pool.mamba_pool.copy(slot.seq.mamba_track_buffer[0], slot.seq.mamba_pool_idx)
+        return self._end_turn(slot, req)
+
+    def _turn_slot(self, req: Req) -> SessionSlot:
+        slot = self.sessions.get(req.session_id)
+        if slot is None or slot.turn is not req:
+            raise RuntimeError(f"request {req.rid} is not the running turn of {req.session_id}")
+        return slot
+
+    def _end_turn(self, slot: SessionSlot, req: Req) -> SessionSlot:
+        self.kv.truncate(self.pool.req_to_token, slot.req_pool_idx, slot.committed_len, req.kv_len)
+        req.clear_slots()
+        slot.turn = None
+        slot.last_active = self.clock()
+        if slot.close_reason is not None:
+            self._free_slot(slot, slot.close_reason)
+        return slot
+
+    def release_session(self, session_id: str, reason: str = "closed") -> bool:
+        """Free everything the session holds. Idempotent; returns whether it was open."""
+        if reason not in RELEASE_REASONS:
+            raise ValueError(f"unknown release reason {reason!r}")
+        slot = self.sessions.get(session_id)
+        if slot is None or slot.close_reason is not None:
+            return False
+        if slot.turn is not None:
+            slot.close_reason = reason  # freed when the turn ends
+        else:
+            self._free_slot(slot, reason)
+        return True
+
+    def _free_slot(self, slot: SessionSlot, reason: str) -> None:
+        del self.sessions[slot.session_id]
+        self.kv.truncate(self.pool.req_to_token, slot.req_pool_idx, 0, slot.committed_len)
+        self.pool.free_rows(slot.req_pool_idx)
+        self._free_slot_mamba(slot)
+        self.released_total[reason] += 1
+
+    def _free_slot_mamba(self, slot: SessionSlot) -> None:
+        self.pool.free_mamba(slot.seq)
+
+    def idle_expired(self, now: float | None = None) -> list[str]:
+        """Sessions with no turn running, idle for longer than their timeout."""
+        now = self.clock() if now is None else now
+        return [s.session_id for s in self.sessions.values()
+                if s.turn is None and now - s.last_active > s.idle_timeout_s]
+
+    def release_idle(self, now: float | None = None) -> list[str]:
+        expired = self.idle_expired(now)
+        for session_id in expired:
+            self.release_session(session_id, "idle_timeout")
+        return expired
+
+    def _idle(self, active: Collection[int]) -> list[SessionSlot]:
+        return [s for s in self.sessions.values() if s.req_pool_idx not in active]
+
+    def session_held_tokens(self, active: Collection[int]) -> int:
+        """KV token slots (whole pages) held by sessions whose row is not in ``active``."""
+        return sum(self.kv.held_tokens(s.committed_len) for s in self._idle(active))
+
+    def session_held_req_slots(self, active: Collection[int]) -> int:
+        return len(self._idle(active))
+
+    def session_held_mamba_slots(self, active: Collection[int]) -> int:
+        return len(self._idle(active)) * self.pool.slots_per_seq

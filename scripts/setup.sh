@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Sets up .venv with the project and its pinned dependencies (constraints.txt). Idempotent.
+# Usage: scripts/setup.sh [--dev] [--system]
+#   --dev     also install the test dependencies (pytest, hypothesis, transformers, ...)
+#   --system  also install the Debian packages the tests need (prometheus for promtool)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras=""
+for arg in "$@"; do
+  case "$arg" in
+    --dev) extras="[dev]" ;;
+    --system) bash .ci/install-system.sh ;;
+    *) echo "unknown option $arg" >&2; exit 2 ;;
+  esac
+done
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv"
+  python3 -m venv .venv
+fi
+stamp=".venv/.installed$extras"
+if [ ! -f "$stamp" ] || [ constraints.txt -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "[setup] installing session-router$extras (pinned by constraints.txt; torch is the CPU build)"
+  .venv/bin/pip install --quiet --disable-pip-version-check -c constraints.txt -e ".$extras"
+  touch "$stamp"
+fi

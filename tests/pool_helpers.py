@@ -1,0 +1,62 @@
+"""Shared test helpers: build a replica's pools and check the accounting invariant."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from replica.accounting import InvariantChecker, PoolSnapshot, count_pools
+from replica.config import ModelConfig, PoolConfig
+from replica.hybrid_pool import HybridReqToTokenPool
+from replica.request import Req
+from replica.session import StreamingSession
+
+TINY_MODEL = ModelConfig()
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_pools(max_sessions: int = 4, kv_tokens: int = 512, page_size: int = 1,
+               track: int = 1, max_context: int = 256, idle_timeout_s: float = 60.0):
+    cfg = PoolConfig(max_sessions=max_sessions, kv_tokens=kv_tokens, page_size=page_size,
+                     mamba_track_buffers=track, max_context=max_context)
+    pool = HybridReqToTokenPool(TINY_MODEL, cfg)
+    clock = FakeClock()
+    sessions = StreamingSession(pool, idle_timeout_s=idle_timeout_s, clock=clock)
+    return pool, sessions, clock
+
+
+def snapshot(pool: HybridReqToTokenPool, sessions: StreamingSession,
+             running: Iterable[Req] = ()) -> PoolSnapshot:
+    running = list(running)
+    return PoolSnapshot("test", "0", count_pools(pool, sessions, running), len(sessions),
+                        len(running), 0, 0.0)
+
+
+def assert_consistent(pool: HybridReqToTokenPool, sessions: StreamingSession,
+                      running: Iterable[Req] = ()) -> PoolSnapshot:
+    """Strict invariant check plus the allocators' own integrity check."""
+    snap = snapshot(pool, sessions, running)
+    InvariantChecker(strict=True).check(snap)
+    pool.check_integrity()
+    return snap
+
+
+def assert_all_free(pool: HybridReqToTokenPool, sessions: StreamingSession) -> None:
+    snap = assert_consistent(pool, sessions)
+    for stats in snap.pools:
+        assert stats.free == stats.capacity, stats.describe()
+
+
+def grow(pool: HybridReqToTokenPool, req: Req, new_tokens: int) -> None:
+    """Fold ``new_tokens`` more tokens into a running request (KV reserved as it grows)."""
+    target = req.folded_len + new_tokens
+    if target > req.kv_len:
+        pool.kv_pool.extend(pool.req_to_token, req.req_pool_idx, req.kv_len, target)
+        req.kv_len = target
+    req.folded_len = target
