@@ -1,0 +1,42 @@
+"""Typed views the router hands out: what it knows of each replica, never pool internals."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from replica.accounting import PoolSnapshot
+
+
+class ReplicaHealth(enum.IntEnum):
+    """Values match ``session_router.v1.ReplicaState``."""
+
+    UNSPECIFIED = 0
+    HEALTHY = 1
+    DRAINING = 2  # keeps its sessions, takes no new ones
+    DEAD = 3
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaView:
+    replica_id: str
+    node_id: str
+    health: ReplicaHealth
+    snapshot: PoolSnapshot | None  # the latest one the replica pushed
+    snapshot_age_s: float
+    sessions_pinned: int  # sessions the router's table pins to this replica
+    mamba_slots_per_session: int  # 1 + mamba track buffers
+    kv_tokens_per_session: int  # KV budget a new session is expected to need (placement)
+    sessions_lost: int = 0  # sessions the router released because this replica died
+
+    @property
+    def free_mamba(self) -> int:
+        return self.snapshot.pool("mamba").free if self.snapshot else 0
+
+    @property
+    def free_req(self) -> int:
+        return self.snapshot.pool("req").free if self.snapshot else 0
+
+    @property
+    def free_kv_tokens(self) -> int:
+        return self.snapshot.pool("kv_tokens").free if self.snapshot else 0
