@@ -24,8 +24,13 @@ def timed(fn, seconds: float) -> tuple[int, float]:
 
 
 def session_cycles_per_s(page_size: int, track: int, seconds: float) -> float:
-    pools = PoolConfig(max_sessions=64, kv_tokens=16384, page_size=page_size,
-                       mamba_track_buffers=track, max_context=1024)
+    pools = PoolConfig(
+        max_sessions=64,
+        kv_tokens=16384,
+        page_size=page_size,
+        mamba_track_buffers=track,
+        max_context=1024,
+    )
     pool = HybridReqToTokenPool(ModelConfig(), pools)
     sessions = StreamingSession(pool)
     counter = iter(range(10**9))

@@ -8,8 +8,9 @@ running batch, held by an idle session between turns, or cached (0 until a prefi
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from replica.hybrid_pool import HybridReqToTokenPool
@@ -39,8 +40,10 @@ class PoolStats:
         return self.capacity - (self.free + self.in_use + self.session_held + self.cached)
 
     def describe(self) -> str:
-        return (f"{self.pool}: capacity={self.capacity} free={self.free} in_use={self.in_use} "
-                f"session_held={self.session_held} cached={self.cached} leaked={self.leaked}")
+        return (
+            f"{self.pool}: capacity={self.capacity} free={self.free} in_use={self.in_use} "
+            f"session_held={self.session_held} cached={self.cached} leaked={self.leaked}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +94,9 @@ class InvariantChecker:
             raise LeakError(message)
 
 
-def count_pools(pool: HybridReqToTokenPool, sessions: StreamingSession,
-                running: Iterable[Req]) -> tuple[PoolStats, ...]:
+def count_pools(
+    pool: HybridReqToTokenPool, sessions: StreamingSession, running: Iterable[Req]
+) -> tuple[PoolStats, ...]:
     """Count every pool by state. Each count comes from its own source: ``free`` from the
     allocators, ``in_use`` from the running requests, ``session_held`` from the idle sessions, so
     a slot that nobody owns shows up as ``leaked`` instead of hiding in another count."""
@@ -100,11 +104,21 @@ def count_pools(pool: HybridReqToTokenPool, sessions: StreamingSession,
     active = {req.req_pool_idx for req in owning}
     kv = pool.kv_pool
     return (
-        PoolStats("mamba", pool.mamba_pool.slots, pool.mamba_pool.num_free,
-                  len(owning) * pool.slots_per_seq, sessions.session_held_mamba_slots(active)),
-        PoolStats("kv_tokens", kv.token_slots, kv.free_tokens,
-                  sum(kv.held_tokens(req.kv_len) for req in owning),
-                  sessions.session_held_tokens(active)),
-        PoolStats("req", pool.rows, pool.num_free, len(owning),
-                  sessions.session_held_req_slots(active)),
+        PoolStats(
+            "mamba",
+            pool.mamba_pool.slots,
+            pool.mamba_pool.num_free,
+            len(owning) * pool.slots_per_seq,
+            sessions.session_held_mamba_slots(active),
+        ),
+        PoolStats(
+            "kv_tokens",
+            kv.token_slots,
+            kv.free_tokens,
+            sum(kv.held_tokens(req.kv_len) for req in owning),
+            sessions.session_held_tokens(active),
+        ),
+        PoolStats(
+            "req", pool.rows, pool.num_free, len(owning), sessions.session_held_req_slots(active)
+        ),
     )

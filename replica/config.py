@@ -13,7 +13,7 @@ import torch
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The Bamba architecture (HF ``BambaConfig`` field names): Mamba2 mixers and attention layers."""
+    """The Bamba architecture (HF ``BambaConfig`` names): Mamba2 mixers and attention layers."""
 
     vocab_size: int = 384
     hidden_size: int = 64
@@ -44,9 +44,20 @@ class ModelConfig:
     pad_token_id: int | None = None
 
     def __post_init__(self) -> None:
-        positive = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                    "num_attention_heads", "num_key_value_heads", "mamba_n_heads", "mamba_d_head",
-                    "mamba_n_groups", "mamba_d_state", "mamba_d_conv", "mamba_chunk_size")
+        positive = (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "mamba_n_heads",
+            "mamba_d_head",
+            "mamba_n_groups",
+            "mamba_d_state",
+            "mamba_d_conv",
+            "mamba_chunk_size",
+        )
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}")
@@ -61,7 +72,9 @@ class ModelConfig:
         if self.mamba_n_heads % self.mamba_n_groups:
             raise ValueError("mamba_n_heads must be a multiple of mamba_n_groups")
         if self.mamba_d_conv < 2:
-            raise ValueError("mamba_d_conv must be at least 2 (the conv state keeps d_conv-1 steps)")
+            raise ValueError(
+                "mamba_d_conv must be at least 2 (the conv state keeps d_conv-1 steps)"
+            )
 
     @property
     def mamba_layer_indices(self) -> tuple[int, ...]:
@@ -128,8 +141,9 @@ class PoolConfig:
         if self.page_size <= 0:
             raise ValueError(f"page_size must be positive, got {self.page_size}")
         if self.kv_tokens < self.page_size:
-            raise ValueError(f"kv_tokens ({self.kv_tokens}) must hold at least one page "
-                             f"of {self.page_size}")
+            raise ValueError(
+                f"kv_tokens ({self.kv_tokens}) must hold at least one page of {self.page_size}"
+            )
         if self.max_context <= 0:
             raise ValueError(f"max_context must be positive, got {self.max_context}")
         if not 0 <= self.mamba_track_buffers <= 8:

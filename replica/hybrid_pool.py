@@ -9,7 +9,8 @@ the mamba slots included.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -36,8 +37,9 @@ class HybridReqToTokenPool(ReqToTokenPool):
         super().__init__(pools.max_sessions, pools.max_context, pools.device)
         self.config = pools
         self.mamba_pool = MambaPool(model, pools.mamba_slots, pools.state_dtype, pools.device)
-        self.kv_pool = KVTokenPool(model, pools.kv_token_slots, pools.page_size, pools.kv_dtype,
-                                   pools.device)
+        self.kv_pool = KVTokenPool(
+            model, pools.kv_token_slots, pools.page_size, pools.kv_dtype, pools.device
+        )
 
     @property
     def slots_per_seq(self) -> int:
@@ -85,8 +87,9 @@ class HybridReqToTokenPool(ReqToTokenPool):
         """The model's view of the state tensors (``replica.model.LayerBuffers``)."""
         from replica.model.buffers import LayerBuffers
 
-        return LayerBuffers(conv=self.mamba_pool.conv, ssm=self.mamba_pool.ssm,
-                            k=self.kv_pool.k, v=self.kv_pool.v)
+        return LayerBuffers(
+            conv=self.mamba_pool.conv, ssm=self.mamba_pool.ssm, k=self.kv_pool.k, v=self.kv_pool.v
+        )
 
     def check_integrity(self) -> None:
         super().check_integrity()

@@ -22,18 +22,26 @@ def pages_for(num_tokens: int, page_size: int) -> int:
 
 
 class KVTokenPool:
-    def __init__(self, model: ModelConfig, token_slots: int, page_size: int,
-                 dtype: torch.dtype = torch.float32, device: str = "cpu") -> None:
+    def __init__(
+        self,
+        model: ModelConfig,
+        token_slots: int,
+        page_size: int,
+        dtype: torch.dtype = torch.float32,
+        device: str = "cpu",
+    ) -> None:
         if token_slots % page_size:
             raise ValueError(f"token_slots {token_slots} is not a multiple of page {page_size}")
         self.page_size = page_size
         self.token_slots = token_slots
         self.device = device
         shape = (token_slots, model.num_key_value_heads, model.head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device)
-                  for _ in range(model.num_attn_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device)
-                  for _ in range(model.num_attn_layers)]
+        self.k = [
+            torch.zeros(shape, dtype=dtype, device=device) for _ in range(model.num_attn_layers)
+        ]
+        self.v = [
+            torch.zeros(shape, dtype=dtype, device=device) for _ in range(model.num_attn_layers)
+        ]
         self.page_allocator = SlotAllocator(token_slots // page_size, "kv_pages")
 
     @property

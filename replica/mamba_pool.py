@@ -16,8 +16,13 @@ from replica.slot_allocator import SlotAllocator
 
 
 class MambaPool:
-    def __init__(self, model: ModelConfig, slots: int, dtype: torch.dtype = torch.float32,
-                 device: str = "cpu") -> None:
+    def __init__(
+        self,
+        model: ModelConfig,
+        slots: int,
+        dtype: torch.dtype = torch.float32,
+        device: str = "cpu",
+    ) -> None:
         self.slots = slots
         self.device = device
         n = model.num_mamba_layers

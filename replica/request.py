@@ -70,7 +70,8 @@ class Req:
         return self.req_pool_idx is not None
 
     @property
-    def num_input_folded(self) -> int:
+    def turn_folded(self) -> int:
+        """Tokens of this turn folded in so far: input first, then generated tokens."""
         return self.folded_len - self.prefix_len
 
     def seq_slots(self) -> SeqSlots:

@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Callable, Collection
 
-from replica.errors import (InvalidRequestError, PoolExhaustedError, SessionNotFoundError,
-                            TurnRunningError)
+from replica.errors import (
+    InvalidRequestError,
+    PoolExhaustedError,
+    SessionNotFoundError,
+    TurnRunningError,
+)
 from replica.hybrid_pool import HybridReqToTokenPool, SeqSlots
 from replica.request import Req
 
@@ -50,8 +54,12 @@ class SessionSlot:
 
 
 class StreamingSession:
-    def __init__(self, pool: HybridReqToTokenPool, idle_timeout_s: float = 300.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        pool: HybridReqToTokenPool,
+        idle_timeout_s: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.pool = pool
         self.kv = pool.kv_pool
         self.default_idle_timeout_s = idle_timeout_s
@@ -85,16 +93,19 @@ class StreamingSession:
     def get(self, session_id: str) -> SessionSlot:
         slot = self.sessions.get(session_id)
         if slot is None or slot.close_reason is not None:
-            raise SessionNotFoundError(f"session {session_id} is not open on this replica; "
-                                       "open a new session")
+            raise SessionNotFoundError(
+                f"session {session_id} is not open on this replica; open a new session"
+            )
         return slot
 
     def restore_to_req(self, req: Req) -> None:
         """Start a turn: the request takes the session's slots; the pending tokens go first."""
         slot = self.get(req.session_id)
         if slot.turn is not None:
-            raise TurnRunningError(f"session {req.session_id} already has a turn running; "
-                                   "wait for it to finish or interrupt it")
+            raise TurnRunningError(
+                f"session {req.session_id} already has a turn running; "
+                "wait for it to finish or interrupt it"
+            )
         seq = slot.seq
         req.req_pool_idx, req.mamba_pool_idx = seq.req_pool_idx, seq.mamba_pool_idx
         req.mamba_track_buffer = seq.mamba_track_buffer
@@ -108,7 +119,7 @@ class StreamingSession:
         """End a turn: commit what it folded in; unfolded tokens become pending."""
         slot = self._turn_slot(req)
         produced = [*req.input_ids, *req.output_ids]
-        slot.pending_ids = tuple(produced[req.num_input_folded :])
+        slot.pending_ids = tuple(produced[req.turn_folded :])
         slot.committed_len = req.folded_len
         return self._end_turn(slot, req)
 
@@ -161,8 +172,11 @@ class StreamingSession:
     def idle_expired(self, now: float | None = None) -> list[str]:
         """Sessions with no turn running, idle for longer than their timeout."""
         now = self.clock() if now is None else now
-        return [s.session_id for s in self.sessions.values()
-                if s.turn is None and now - s.last_active > s.idle_timeout_s]
+        return [
+            s.session_id
+            for s in self.sessions.values()
+            if s.turn is None and now - s.last_active > s.idle_timeout_s
+        ]
 
     def release_idle(self, now: float | None = None) -> list[str]:
         expired = self.idle_expired(now)

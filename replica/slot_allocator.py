@@ -65,16 +65,19 @@ class SlotAllocator:
         if n == 0:
             return
         if bool((idx < 0).any()) or bool((idx >= self.size).any()):
-            raise SlotStateError(f"{self.name}: slot index out of range 0..{self.size - 1}: "
-                                 f"{idx.tolist()}")
+            raise SlotStateError(
+                f"{self.name}: slot index out of range 0..{self.size - 1}: {idx.tolist()}"
+            )
         if n > 1 and torch.unique(idx).numel() != n:
-            raise SlotStateError(f"{self.name}: the same slot freed twice in one call: "
-                                 f"{idx.tolist()}")
+            raise SlotStateError(
+                f"{self.name}: the same slot freed twice in one call: {idx.tolist()}"
+            )
         held = self._allocated[idx]
         if not bool(held.all()):
             bad = idx[~held].tolist()
-            raise SlotStateError(f"{self.name}: double free or free of a slot never allocated: "
-                                 f"{bad}")
+            raise SlotStateError(
+                f"{self.name}: double free or free of a slot never allocated: {bad}"
+            )
         self._allocated[idx] = False
         self._stack[self._num_free : self._num_free + n] = idx.flip(0)
         self._num_free += n

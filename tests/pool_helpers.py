@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from replica.accounting import InvariantChecker, PoolSnapshot, count_pools
 from replica.config import ModelConfig, PoolConfig
@@ -21,25 +21,39 @@ class FakeClock:
         return self.now
 
 
-def make_pools(max_sessions: int = 4, kv_tokens: int = 512, page_size: int = 1,
-               track: int = 1, max_context: int = 256, idle_timeout_s: float = 60.0):
-    cfg = PoolConfig(max_sessions=max_sessions, kv_tokens=kv_tokens, page_size=page_size,
-                     mamba_track_buffers=track, max_context=max_context)
+def make_pools(
+    max_sessions: int = 4,
+    kv_tokens: int = 512,
+    page_size: int = 1,
+    track: int = 1,
+    max_context: int = 256,
+    idle_timeout_s: float = 60.0,
+):
+    cfg = PoolConfig(
+        max_sessions=max_sessions,
+        kv_tokens=kv_tokens,
+        page_size=page_size,
+        mamba_track_buffers=track,
+        max_context=max_context,
+    )
     pool = HybridReqToTokenPool(TINY_MODEL, cfg)
     clock = FakeClock()
     sessions = StreamingSession(pool, idle_timeout_s=idle_timeout_s, clock=clock)
     return pool, sessions, clock
 
 
-def snapshot(pool: HybridReqToTokenPool, sessions: StreamingSession,
-             running: Iterable[Req] = ()) -> PoolSnapshot:
+def snapshot(
+    pool: HybridReqToTokenPool, sessions: StreamingSession, running: Iterable[Req] = ()
+) -> PoolSnapshot:
     running = list(running)
-    return PoolSnapshot("test", "0", count_pools(pool, sessions, running), len(sessions),
-                        len(running), 0, 0.0)
+    return PoolSnapshot(
+        "test", "0", count_pools(pool, sessions, running), len(sessions), len(running), 0, 0.0
+    )
 
 
-def assert_consistent(pool: HybridReqToTokenPool, sessions: StreamingSession,
-                      running: Iterable[Req] = ()) -> PoolSnapshot:
+def assert_consistent(
+    pool: HybridReqToTokenPool, sessions: StreamingSession, running: Iterable[Req] = ()
+) -> PoolSnapshot:
     """Strict invariant check plus the allocators' own integrity check."""
     snap = snapshot(pool, sessions, running)
     InvariantChecker(strict=True).check(snap)

@@ -18,7 +18,7 @@ def test_kv_extend_and_truncate_are_page_aligned(page_size):
     # positions of one page are contiguous slots of that page
     pages = slots // page_size
     for ordinal in range(pages_for(40, page_size)):
-        chunk = slots[ordinal * page_size:(ordinal + 1) * page_size]
+        chunk = slots[ordinal * page_size : (ordinal + 1) * page_size]
         assert (chunk // page_size == pages[ordinal * page_size]).all()
         assert (chunk % page_size == torch.arange(chunk.numel())).all()
     assert kv.free_tokens == 256 - pages_for(40, page_size) * page_size

@@ -1,7 +1,12 @@
 import pytest
 
-from replica.errors import (InvalidRequestError, PoolExhaustedError, SessionNotFoundError,
-                            SlotStateError, TurnRunningError)
+from replica.errors import (
+    InvalidRequestError,
+    PoolExhaustedError,
+    SessionNotFoundError,
+    SlotStateError,
+    TurnRunningError,
+)
 from replica.request import Req
 from tests.pool_helpers import assert_all_free, assert_consistent, grow, make_pools
 

@@ -15,8 +15,13 @@ import itertools
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (Bundle, RuleBasedStateMachine, consumes, invariant, precondition,
-                                 rule)
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+)
 
 from replica.errors import PoolExhaustedError, SessionNotFoundError, TurnRunningError
 from replica.request import Req
@@ -30,7 +35,8 @@ def make_machine(page_size: int, track: int):
         def __init__(self) -> None:
             super().__init__()
             self.pool, self.sessions, self.clock = make_pools(
-                max_sessions=4, kv_tokens=160, page_size=page_size, track=track, max_context=96)
+                max_sessions=4, kv_tokens=160, page_size=page_size, track=track, max_context=96
+            )
             self.running: dict[str, Req] = {}
             self.marker: dict[str, float] = {}  # the mamba state each idle session must hold
             self.counter = itertools.count(1)
@@ -74,12 +80,16 @@ def make_machine(page_size: int, track: int):
             if not self.pool.kv_pool.can_extend(req.kv_len, req.folded_len + n):
                 free_before = self.pool.kv_pool.free_tokens
                 with pytest.raises(PoolExhaustedError):
-                    self.pool.kv_pool.extend(self.pool.req_to_token, req.req_pool_idx,
-                                             req.kv_len, req.kv_len + free_before + 100)
+                    self.pool.kv_pool.extend(
+                        self.pool.req_to_token,
+                        req.req_pool_idx,
+                        req.kv_len,
+                        req.kv_len + free_before + 100,
+                    )
                 assert self.pool.kv_pool.free_tokens == free_before
                 return
             grow(self.pool, req, n)
-            req.output_ids.extend([9] * max(0, req.num_input_folded - len(req.input_ids)))
+            req.output_ids.extend([9] * max(0, req.turn_folded - len(req.input_ids)))
             self.pool.mamba_pool.ssm[0][req.mamba_pool_idx].fill_(float(next(self.counter)))
 
         def _finish(self, sid: str, commit: bool) -> None:
@@ -107,8 +117,9 @@ def make_machine(page_size: int, track: int):
 
         @rule(sid=sids)
         def close(self, sid):
-            was_open = sid in self.sessions.sessions and \
-                self.sessions.sessions[sid].close_reason is None
+            was_open = (
+                sid in self.sessions.sessions and self.sessions.sessions[sid].close_reason is None
+            )
             assert self.sessions.release_session(sid) == was_open
             assert self.sessions.release_session(sid) is False  # double close
             if sid in self.running:  # deferred: the engine aborts the turn

@@ -1,0 +1,276 @@
+"""The replica's engine: continuous batching of session turns over one hybrid model.
+
+Single-threaded by contract: every method runs on the thread that calls ``step`` (the async
+wrapper queues commands and applies them between steps), so the pools change only between steps
+and every snapshot is consistent. ``step`` admits waiting turns, runs one forward for the decode
+batch and the prefill chunks, samples, streams ``TurnEvent``s, and ends finished turns. When the
+engine goes idle it checks the accounting invariant (strict mode raises).
+
+Turn endings: a turn that finishes (stop token, max_new_tokens) or is interrupted (barge-in) is
+committed; a turn that is cancelled or fails rolls the session back to its checkpoint (track
+buffers >= 1) or commits what it folded in (0). Closing a session during a turn cancels the turn.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+
+from replica.accounting import InvariantChecker, PoolSnapshot, count_pools
+from replica.config import ReplicaConfig
+from replica.errors import (
+    ContextOverflowError,
+    InvalidRequestError,
+    ReplicaDrainingError,
+    TurnRunningError,
+)
+from replica.hybrid_pool import HybridReqToTokenPool
+from replica.model import BambaModel, IncrementalDetokenizer, Tokenizer
+from replica.model_runner import ModelRunner
+from replica.outputs import SessionInfo, TurnEvent
+from replica.request import FinishReason, Req, SamplingParams
+from replica.sampling import make_generator, sample
+from replica.scheduler import Scheduler, input_left
+from replica.session import SessionSlot, StreamingSession
+
+log = logging.getLogger(__name__)
+
+
+class Engine:
+    def __init__(
+        self,
+        config: ReplicaConfig,
+        model: BambaModel,
+        tokenizer: Tokenizer,
+        replica_id: str = "replica-0",
+    ) -> None:
+        self.config = config
+        self.replica_id = replica_id
+        self.incarnation = uuid.uuid4().hex[:12]
+        self.tokenizer = tokenizer
+        self.pool = HybridReqToTokenPool(config.model, config.pools)
+        self.sessions = StreamingSession(self.pool, config.session_idle_timeout_s)
+        self.scheduler = Scheduler(
+            self.pool, self.sessions, config.max_prefill_chunk, config.max_batch_tokens
+        )
+        self.runner = ModelRunner(model, self.pool)
+        self.checker = InvariantChecker(config.strict)
+        self.draining = False
+        self._events: list[TurnEvent] = []
+        self._generators: dict[int, object] = {}
+        self._detok: dict[int, IncrementalDetokenizer] = {}
+
+    # ----- sessions -------------------------------------------------------------------------
+
+    def open_session(self, session_id: str, idle_timeout_s: float = 0.0) -> SessionInfo:
+        if self.draining:
+            raise ReplicaDrainingError(f"replica {self.replica_id} is draining")
+        cap = self.config.session_idle_timeout_s
+        timeout = min(idle_timeout_s, cap) if idle_timeout_s > 0 else cap
+        return self.info(self.sessions.open(session_id, timeout))
+
+    def close_session(self, session_id: str, reason: str = "closed") -> bool:
+        """Release the session; a turn in flight is cancelled first. Idempotent."""
+        self.cancel(session_id, "session closed")
+        return self.sessions.release_session(session_id, reason)
+
+    def info(self, slot: SessionSlot) -> SessionInfo:
+        return SessionInfo(
+            slot.session_id,
+            slot.committed_tokens,
+            self.config.pools.max_context,
+            self.scheduler.find(slot.session_id)[0] is not None,
+            slot.idle_timeout_s,
+        )
+
+    def session_info(self, session_id: str) -> SessionInfo:
+        return self.info(self.sessions.get(session_id))
+
+    def session_ids(self) -> list[str]:
+        return [s.session_id for s in self.sessions.sessions.values() if s.close_reason is None]
+
+    def release_idle(self) -> list[str]:
+        busy = {req.session_id for req in self.scheduler.waiting}
+        expired = [sid for sid in self.sessions.idle_expired() if sid not in busy]
+        for sid in expired:
+            self.sessions.release_session(sid, "idle_timeout")
+        return expired
+
+    # ----- turns ----------------------------------------------------------------------------
+
+    def submit(
+        self, session_id: str, input_ids: Sequence[int], sampling: SamplingParams | None = None
+    ) -> Req:
+        """Queue a turn. Validates everything up front; raises a typed ``ReplicaError``."""
+        sampling = sampling or SamplingParams()
+        slot = self.sessions.get(session_id)
+        if self.scheduler.find(session_id)[0] is not None:
+            raise TurnRunningError(
+                f"session {session_id} already has a turn running; wait for "
+                "its last chunk or interrupt it"
+            )
+        vocab = self.config.model.vocab_size
+        bad = [t for t in input_ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(
+                f"token ids {bad[:8]} are outside the vocabulary 0..{vocab - 1}"
+            )
+        if not input_ids and not slot.pending_ids and sampling.max_new_tokens > 0:
+            raise InvalidRequestError("empty input: give text or tokens to generate from")
+        bad_stop = [t for t in sampling.stop_token_ids if not 0 <= t < vocab]
+        if bad_stop:
+            raise InvalidRequestError(f"stop token ids {bad_stop[:8]} are outside the vocabulary")
+        total = slot.committed_tokens + len(input_ids) + sampling.max_new_tokens
+        limit = self.config.pools.max_context
+        if total > limit:
+            raise ContextOverflowError(
+                f"turn would exceed the context: {slot.committed_tokens} committed + "
+                f"{len(input_ids)} input + {sampling.max_new_tokens} new tokens > {limit}; "
+                "shorten the input, lower max_new_tokens or open a new session"
+            )
+        req = Req(session_id, list(input_ids), sampling)
+        self.scheduler.add(req)
+        return req
+
+    def interrupt(self, session_id: str) -> bool:
+        """Barge-in: end the session's turn now, keeping what it generated (INTERRUPTED)."""
+        req, running = self.scheduler.find(session_id)
+        if req is None:
+            return False
+        if running:
+            self._end_turn(req, FinishReason.INTERRUPTED)
+        else:
+            self.scheduler.waiting.remove(req)
+            self._emit_end(req, FinishReason.INTERRUPTED, self.sessions.get(session_id))
+        return True
+
+    def cancel(self, session_id: str, why: str = "turn cancelled") -> bool:
+        """End the session's turn and roll it back (atomic turns); reports CANCELLED."""
+        req, running = self.scheduler.find(session_id)
+        if req is None:
+            return False
+        if running:
+            self._fail(req, "CANCELLED", why)
+        else:
+            self.scheduler.waiting.remove(req)
+            self._emit(TurnEvent(session_id, req.rid, error_code="CANCELLED", error=why))
+        return True
+
+    # ----- the step -------------------------------------------------------------------------
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    def step(self) -> list[TurnEvent]:
+        """Run one engine step; returns the events it (and commands since the last) produced."""
+        for req, err in self.scheduler.admit():
+            self._emit(TurnEvent(req.session_id, req.rid, error_code=err.code, error=str(err)))
+        plan = self.scheduler.plan()
+        if plan.decode:
+            self._run(plan.decode, lambda: self.runner.decode(plan.decode), after_prefill=False)
+        for req, n in plan.prefill:
+            self._run([req], lambda req=req, n=n: self.runner.extend(req, n), after_prefill=True)
+        if not self.has_work:
+            self.check_invariant()
+        return self.take_events()
+
+    def _run(self, reqs: list[Req], forward, after_prefill: bool) -> None:
+        try:
+            logits = forward()
+        except Exception as exc:  # noqa: BLE001 - a failed forward must not lose the slots
+            log.exception("forward failed for turns %s", [r.rid for r in reqs])
+            for req in reqs:
+                self._fail(req, "INTERNAL", f"model forward failed: {exc}")
+            return
+        if after_prefill:
+            req = reqs[0]
+            if input_left(req):
+                return  # more chunks to go
+            if req.sampling.max_new_tokens == 0:
+                self._end_turn(req, FinishReason.LENGTH)
+                return
+            self._generators[req.rid] = make_generator(req)
+        for req, token in zip(reqs, sample(logits, reqs, self._generators)):
+            self._accept(req, token)
+
+    def _accept(self, req: Req, token: int) -> None:
+        req.output_ids.append(token)
+        detok = self._detok.setdefault(req.rid, IncrementalDetokenizer(self.tokenizer))
+        text = detok.push(token)
+        if token in req.sampling.stop_token_ids:
+            self._end_turn(req, FinishReason.STOP, (token,), text)
+        elif len(req.output_ids) >= req.sampling.max_new_tokens:
+            self._end_turn(req, FinishReason.LENGTH, (token,), text)
+        else:
+            self._emit(TurnEvent(req.session_id, req.rid, (token,), text))
+
+    def _end_turn(
+        self, req: Req, reason: FinishReason, tokens: tuple[int, ...] = (), text: str = ""
+    ) -> None:
+        self.scheduler.finish(req)
+        slot = self.sessions.save_from_req(req)
+        detok = self._detok.pop(req.rid, None)
+        self._generators.pop(req.rid, None)
+        self._emit_end(req, reason, slot, tokens, text + (detok.flush() if detok else ""))
+
+    def _emit_end(
+        self,
+        req: Req,
+        reason: FinishReason,
+        slot: SessionSlot,
+        tokens: tuple[int, ...] = (),
+        text: str = "",
+    ) -> None:
+        self._emit(TurnEvent(req.session_id, req.rid, tokens, text, reason, slot.committed_tokens))
+
+    def _fail(self, req: Req, code: str, why: str) -> None:
+        self.scheduler.finish(req)
+        slot = self.sessions.rollback(req)
+        self._detok.pop(req.rid, None)
+        self._generators.pop(req.rid, None)
+        self._emit(
+            TurnEvent(
+                req.session_id,
+                req.rid,
+                committed_tokens=slot.committed_tokens,
+                error_code=code,
+                error=why,
+            )
+        )
+
+    def _emit(self, event: TurnEvent) -> None:
+        self._events.append(event)
+
+    def take_events(self) -> list[TurnEvent]:
+        events, self._events = self._events, []
+        return events
+
+    # ----- accounting -----------------------------------------------------------------------
+
+    def snapshot(self) -> PoolSnapshot:
+        return PoolSnapshot(
+            replica_id=self.replica_id,
+            incarnation=self.incarnation,
+            pools=count_pools(self.pool, self.sessions, self.scheduler.running),
+            open_sessions=len(self.sessions),
+            running_requests=len(self.scheduler.running),
+            waiting_requests=len(self.scheduler.waiting),
+            taken_at=time.time(),
+            draining=self.draining,
+            sessions_opened_total=self.sessions.opened_total,
+            sessions_released_total=dict(self.sessions.released_total),
+        )
+
+    def check_invariant(self) -> PoolSnapshot:
+        """Snapshot and check it (strict mode raises ``LeakError``); also the free lists."""
+        snap = self.snapshot()
+        self.checker.check(snap)
+        self.pool.check_integrity()
+        return snap
+
+    def close_all(self, reason: str = "closed") -> None:
+        for session_id in list(self.sessions.sessions):
+            self.close_session(session_id, reason)

@@ -1,0 +1,103 @@
+"""Small building blocks of the Bamba model: RMSNorm, gated RMSNorm, gated MLP and partial RoPE.
+
+The numerics follow transformers' ``modeling_bamba`` (normalisation in float32, weight applied after
+casting back to the input dtype; RoPE angles in float32).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """``weight * x / sqrt(mean(x^2) + eps)`` over the last dimension."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+class GatedRMSNorm(nn.Module):
+    """RMSNorm of ``x * silu(gate)``, normalised separately over groups of ``group_size`` channels.
+
+    Computed in float32; the result is ``weight * normed.to(x.dtype)``.
+    """
+
+    def __init__(self, hidden_size: int, group_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        if hidden_size % group_size:
+            raise ValueError(f"group_size {group_size} must divide hidden_size {hidden_size}")
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.group_size = group_size
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float() * F.silu(gate.float())
+        *prefix, last = h.shape
+        g = h.view(*prefix, last // self.group_size, self.group_size)
+        g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * g.view(*prefix, last).to(dtype)
+
+
+class GatedMLP(nn.Module):
+    """``down(silu(gate(x)) * up(x))`` (SwiGLU)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class RotaryEmbedding:
+    """Cos/sin tables of (partial) rotary position embedding, computed per call from positions.
+
+    Only the first ``rotary_dim = int(head_dim * partial_rotary_factor)`` channels of each head are
+    rotated (GPT-NeoX "rotate half" layout within those channels). The inverse frequencies are
+    kept in float32 outside the module tree, so casting the model to a low precision dtype does
+    not round them.
+    """
+
+    def __init__(self, head_dim: int, partial_rotary_factor: float, theta: float) -> None:
+        self.rotary_dim = int(head_dim * partial_rotary_factor)
+        if self.rotary_dim % 2 or self.rotary_dim <= 0:
+            raise ValueError(f"rotary dim {self.rotary_dim} must be even and positive")
+        exponent = (
+            torch.arange(0, self.rotary_dim, 2, dtype=torch.float, device="cpu") / self.rotary_dim
+        )
+        self.inv_freq = 1.0 / (theta**exponent)
+
+    def __call__(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``positions`` of any shape ``[...]`` -> ``(cos, sin)`` of shape ``[..., rotary_dim]``."""
+        if self.inv_freq.device != positions.device:
+            self.inv_freq = self.inv_freq.to(positions.device)
+        freqs = positions[..., None].float() * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first ``cos.shape[-1]`` channels of ``x`` (``cos``/``sin`` broadcast to it)."""
+    rot = cos.shape[-1]
+    x_rot, x_pass = x[..., :rot], x[..., rot:]
+    return torch.cat((x_rot * cos + _rotate_half(x_rot) * sin, x_pass), dim=-1)

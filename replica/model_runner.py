@@ -1,0 +1,51 @@
+"""Runs the model over a step's turns, reading and writing state through the pools.
+
+The runner translates turns into the model's tensors: the KV slots of each position come from
+``req_to_token``, the mamba state from the turn's ``mamba_pool_idx``. It advances ``folded_len``
+only after the forward that folded the tokens in has returned.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from replica.hybrid_pool import HybridReqToTokenPool
+from replica.model import BambaModel
+from replica.request import Req
+
+
+class ModelRunner:
+    def __init__(self, model: BambaModel, pool: HybridReqToTokenPool) -> None:
+        self.model = model
+        self.pool = pool
+        self.buffers = pool.buffers
+        self.device = pool.req_to_token.device
+
+    def extend(self, req: Req, n: int) -> torch.Tensor:
+        """Fold the next ``n`` input tokens of ``req``; logits of the last one ``[1, vocab]``."""
+        start = req.folded_len
+        first = req.turn_folded
+        ids = torch.tensor(req.input_ids[first : first + n], dtype=torch.long, device=self.device)
+        kv_slots = self.pool.req_to_token[req.req_pool_idx, : start + n]
+        logits = self.model.forward_extend(ids, start, req.mamba_pool_idx, kv_slots, self.buffers)
+        req.folded_len += n
+        return logits
+
+    def decode(self, reqs: list[Req]) -> torch.Tensor:
+        """Fold each turn's last generated token; logits ``[B, vocab]``."""
+        positions = [req.folded_len for req in reqs]
+        width = max(positions) + 1
+        rows = torch.tensor(
+            [req.req_pool_idx for req in reqs], dtype=torch.long, device=self.device
+        )
+        logits = self.model.forward_decode(
+            torch.tensor([req.output_ids[-1] for req in reqs], dtype=torch.long),
+            torch.tensor(positions, dtype=torch.long),
+            torch.tensor([req.mamba_pool_idx for req in reqs], dtype=torch.long),
+            self.pool.req_to_token[rows, :width],
+            torch.tensor(positions, dtype=torch.long) + 1,
+            self.buffers,
+        )
+        for req in reqs:
+            req.folded_len += 1
+        return logits

@@ -1,0 +1,121 @@
+"""The scheduler: which turns are admitted, and what each engine step runs.
+
+Admission is the only place a turn takes KV: it reserves the pages for its whole turn (input plus
+``max_new_tokens``), so a running turn never runs out of KV mid-decode and never needs to be
+preempted. Turns are admitted first-come first-served while the KV pool has room; a turn that
+cannot fit while nothing runs (so nothing will free KV soon) is refused, never left to hang.
+Every step decodes all running turns that have generated a token, and prefills chunks of the
+others within the step's token budget.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from replica.errors import PoolExhaustedError
+from replica.hybrid_pool import HybridReqToTokenPool
+from replica.request import Req
+from replica.session import StreamingSession
+
+
+def turn_reservation(req: Req, committed_len: int, pending: int) -> int:
+    """Positions the turn may fold in: the session's, its input, all but the last new token."""
+    return committed_len + pending + len(req.input_ids) + max(0, req.sampling.max_new_tokens - 1)
+
+
+def input_left(req: Req) -> int:
+    """Input tokens not yet folded in (generated tokens are folded after the input)."""
+    return max(0, len(req.input_ids) - req.turn_folded)
+
+
+@dataclass(slots=True)
+class StepPlan:
+    prefill: list[tuple[Req, int]] = field(default_factory=list)  # (turn, tokens this step)
+    decode: list[Req] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.prefill or self.decode)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        pool: HybridReqToTokenPool,
+        sessions: StreamingSession,
+        max_prefill_chunk: int,
+        max_batch_tokens: int,
+    ) -> None:
+        self.pool = pool
+        self.sessions = sessions
+        self.max_prefill_chunk = max_prefill_chunk
+        self.max_batch_tokens = max_batch_tokens
+        self.waiting: deque[Req] = deque()
+        self.running: list[Req] = []
+
+    def add(self, req: Req) -> None:
+        self.waiting.append(req)
+
+    def admit(self) -> list[tuple[Req, PoolExhaustedError]]:
+        """Admit waiting turns in order while their KV fits; returns the turns refused."""
+        refused = []
+        kv = self.pool.kv_pool
+        while self.waiting:
+            req = self.waiting[0]
+            slot = self.sessions.get(req.session_id)
+            target = turn_reservation(req, slot.committed_len, len(slot.pending_ids))
+            if not kv.can_extend(slot.committed_len, target):
+                if self.running:
+                    break  # running turns will free KV when they end
+                self.waiting.popleft()
+                refused.append(
+                    (
+                        req,
+                        PoolExhaustedError(
+                            f"the KV pool cannot hold this turn: it needs "
+                            f"{kv.tokens_needed(slot.committed_len, target)} token slots, "
+                            f"{kv.free_tokens} are free and the rest are held by idle sessions; "
+                            "close idle sessions or shorten the turn"
+                        ),
+                    )
+                )
+                continue
+            self.waiting.popleft()
+            self.sessions.restore_to_req(req)
+            kv.extend(self.pool.req_to_token, req.req_pool_idx, req.kv_len, target)
+            req.kv_len = target
+            self.running.append(req)
+        return refused
+
+    def plan(self) -> StepPlan:
+        plan = StepPlan()
+        budget = self.max_batch_tokens
+        for req in self.running:
+            if input_left(req) == 0:
+                if req.output_ids:
+                    plan.decode.append(req)
+                    budget -= 1
+        for req in self.running:
+            left = input_left(req)
+            if left and budget > 0:
+                n = min(left, self.max_prefill_chunk, budget)
+                plan.prefill.append((req, n))
+                budget -= n
+        return plan
+
+    def finish(self, req: Req) -> None:
+        self.running.remove(req)
+
+    def find(self, session_id: str) -> tuple[Req | None, bool]:
+        """The session's turn, and whether it is running (else waiting)."""
+        for req in self.running:
+            if req.session_id == session_id:
+                return req, True
+        for req in self.waiting:
+            if req.session_id == session_id:
+                return req, False
+        return None, False
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
