@@ -1,0 +1,238 @@
+"""The Prometheus exporter of the `serve` process (metric names per DESIGN.md "Metrics").
+
+``ClusterCollector`` turns the router's cached ``ReplicaView``s into per-replica metric families on
+every scrape; it never calls an actor, so a scrape costs only the ``views_fn`` call. Series carry
+the ``replica`` label and never the incarnation, so an actor's restart does not split them.
+``GatewayMetrics`` holds the gateway's own counters and histograms. ``build_registry`` wires both
+into a fresh ``CollectorRegistry`` and ``serve_metrics`` serves it over HTTP.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from replica.accounting import POOL_NAMES
+from router.views import ReplicaHealth, ReplicaView
+
+POOL_STATES = ("free", "in_use", "session_held", "cached")
+RELEASE_REASONS = ("closed", "stream_ended", "idle_timeout", "aborted", "replica_lost")
+RPC_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
+TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class ClusterCollector(Collector):
+    """Per-replica pool, session and health metrics built from ``views_fn()`` at scrape time.
+
+    Every replica exports up, draining, sessions_pinned and the session counters (all five
+    release reasons, 0 when unknown); replicas with a snapshot also export the pool gauges,
+    sessions and snapshot age. A dead replica without a snapshot still exports up=0.
+    """
+
+    def __init__(self, views_fn: Callable[[], Sequence[ReplicaView]]) -> None:
+        self._views_fn = views_fn
+
+    def describe(self) -> list[Metric]:
+        """Nothing up front: registering must not call ``views_fn`` (the router may not exist)."""
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        views = sorted(self._views_fn(), key=lambda view: view.replica_id)
+        slots = GaugeMetricFamily(
+            "session_router_pool_slots",
+            "Slots of a replica's pool by state, from its latest snapshot.",
+            labels=["replica", "pool", "state"],
+        )
+        capacity = GaugeMetricFamily(
+            "session_router_pool_capacity_slots",
+            "Capacity of a replica's pool in slots.",
+            labels=["replica", "pool"],
+        )
+        leaked = GaugeMetricFamily(
+            "session_router_pool_leaked_slots",
+            "capacity - (free + in_use + session_held + cached); must be 0.",
+            labels=["replica", "pool"],
+        )
+        sessions = GaugeMetricFamily(
+            "session_router_sessions", "Sessions the replica holds.", labels=["replica"]
+        )
+        pinned = GaugeMetricFamily(
+            "session_router_sessions_pinned",
+            "Sessions the router's table pins to the replica.",
+            labels=["replica"],
+        )
+        opened = CounterMetricFamily(
+            "session_router_sessions_opened_total",
+            "Sessions opened on the replica.",
+            labels=["replica"],
+        )
+        released = CounterMetricFamily(
+            "session_router_sessions_released_total",
+            "Sessions released on the replica, by reason.",
+            labels=["replica", "reason"],
+        )
+        up = GaugeMetricFamily(
+            "session_router_replica_up",
+            "1 unless the router has marked the replica dead.",
+            labels=["replica"],
+        )
+        draining = GaugeMetricFamily(
+            "session_router_replica_draining",
+            "1 while the replica takes no new sessions.",
+            labels=["replica"],
+        )
+        age = GaugeMetricFamily(
+            "session_router_snapshot_age_seconds",
+            "Seconds since the replica's latest pool snapshot.",
+            labels=["replica"],
+        )
+        for view in views:
+            rid, snap = view.replica_id, view.snapshot
+            up.add_metric([rid], 0.0 if view.health == ReplicaHealth.DEAD else 1.0)
+            is_draining = view.health == ReplicaHealth.DRAINING or bool(snap and snap.draining)
+            draining.add_metric([rid], 1.0 if is_draining else 0.0)
+            pinned.add_metric([rid], view.sessions_pinned)
+            counts = dict(snap.sessions_released_total) if snap else {}
+            counts["replica_lost"] = counts.get("replica_lost", 0) + view.sessions_lost
+            extra = sorted(set(counts) - set(RELEASE_REASONS))
+            for reason in (*RELEASE_REASONS, *extra):
+                released.add_metric([rid, reason], counts.get(reason, 0))
+            opened.add_metric([rid], snap.sessions_opened_total if snap else 0)
+            if math.isfinite(view.snapshot_age_s):  # a replica never heard from may report inf
+                age.add_metric([rid], max(0.0, view.snapshot_age_s))
+            if snap is None:
+                continue
+            sessions.add_metric([rid], snap.open_sessions)
+            for name in POOL_NAMES:
+                try:
+                    stats = snap.pool(name)
+                except KeyError:
+                    continue
+                for state in POOL_STATES:
+                    slots.add_metric([rid, name, state], getattr(stats, state))
+                capacity.add_metric([rid, name], stats.capacity)
+                leaked.add_metric([rid, name], stats.leaked)
+        yield from (slots, capacity, leaked, sessions, pinned, opened, released, up, draining, age)
+
+
+class GatewayMetrics:
+    """The gateway's own metrics, registered on ``registry`` (once per registry). Thread-safe."""
+
+    __slots__ = (
+        "rpc_requests",
+        "rpc_duration",
+        "time_to_first_token",
+        "generated_tokens",
+        "open_rejected",
+    )
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.rpc_requests = Counter(
+            "session_router_rpc_requests_total",
+            "gRPC calls handled, by method and status code.",
+            ["method", "code"],
+            registry=registry,
+        )
+        self.rpc_duration = Histogram(
+            "session_router_rpc_duration_seconds",
+            "gRPC call duration in seconds (streams: to the last chunk).",
+            ["method"],
+            buckets=RPC_BUCKETS,
+            registry=registry,
+        )
+        self.time_to_first_token = Histogram(
+            "session_router_time_to_first_token_seconds",
+            "Seconds from a turn's submission to its first token.",
+            buckets=TTFT_BUCKETS,
+            registry=registry,
+        )
+        self.generated_tokens = Counter(
+            "session_router_generated_tokens_total",
+            "Tokens streamed to clients.",
+            registry=registry,
+        )
+        self.open_rejected = Counter(
+            "session_router_open_rejected_total",
+            "OpenSession calls refused, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+
+    def observe_rpc(self, method: str, code: str, seconds: float) -> None:
+        """Count one finished call (``code`` is the grpc.StatusCode name, e.g. "OK")."""
+        self.rpc_requests.labels(method=method, code=code).inc()
+        self.rpc_duration.labels(method=method).observe(max(0.0, seconds))
+
+    def observe_first_token(self, seconds: float) -> None:
+        self.time_to_first_token.observe(max(0.0, seconds))
+
+    def add_generated_tokens(self, count: int) -> None:
+        if count > 0:
+            self.generated_tokens.inc(count)
+
+    def open_rejected_for(self, reason: str) -> None:
+        """Count one refused OpenSession (e.g. reason="no_room", "no_replicas", "timeout")."""
+        self.open_rejected.labels(reason=reason).inc()
+
+
+def build_registry(
+    views_fn: Callable[[], Sequence[ReplicaView]],
+) -> tuple[CollectorRegistry, GatewayMetrics]:
+    """A fresh registry (no process/platform collectors) with the cluster and gateway metrics."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ClusterCollector(views_fn))
+    return registry, GatewayMetrics(registry)
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsServer:
+    """A running /metrics endpoint; ``close()`` stops it and frees the port."""
+
+    server: WSGIServer
+    thread: threading.Thread
+    addr: str
+
+    @property
+    def port(self) -> int:
+        """The bound port (the real one when 0 was asked for)."""
+        return int(self.server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.addr in ("0.0.0.0", "") else self.addr
+        return f"http://{host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+
+def serve_metrics(port: int, registry: CollectorRegistry, addr: str = "127.0.0.1") -> MetricsServer:
+    """Serve ``registry`` on http://addr:port/metrics in a daemon thread (port 0: any free one)."""
+    server, thread = start_http_server(port, addr=addr, registry=registry)
+    return MetricsServer(server, thread, addr)

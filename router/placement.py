@@ -1,0 +1,196 @@
+"""Placement policy: which replica gets a new session. Pure functions of the router's views.
+
+A replica is a *candidate* when it is HEALTHY (not draining, not dead, and its latest snapshot
+does not say draining), has a snapshot, and has room for one more session after subtracting what
+the router has already placed there since that snapshot (``reserved[replica_id]`` sessions):
+
+- free mamba slots - reserved * mamba_slots_per_session >= mamba_slots_per_session
+- free req rows    - reserved                           >= 1
+- free KV tokens   - reserved * kv_tokens_per_session  >= kv_tokens_per_session
+
+Among candidates the best is the one with most adjusted free mamba slots; ties go to fewer pinned
+sessions, then to the smaller replica_id (deterministic). With more than ``p2c_threshold``
+candidates, power-of-two choices: two distinct candidates are sampled with ``rng`` and the better
+one is taken, which spreads load without every router herding onto the same replica.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from router.views import ReplicaHealth, ReplicaView
+
+_DEFAULT_RNG = random.Random()
+
+
+@dataclass(frozen=True, slots=True)
+class Room:
+    """What one replica has left for new sessions, net of sessions reserved since its snapshot."""
+
+    replica_id: str
+    free_mamba: int
+    free_req: int
+    free_kv_tokens: int
+    mamba_needed: int
+    kv_tokens_needed: int
+    sessions_pinned: int
+
+    @property
+    def mamba_ok(self) -> bool:
+        return self.free_mamba >= self.mamba_needed
+
+    @property
+    def req_ok(self) -> bool:
+        return self.free_req >= 1
+
+    @property
+    def kv_ok(self) -> bool:
+        return self.free_kv_tokens >= self.kv_tokens_needed
+
+    @property
+    def fits(self) -> bool:
+        """True when one more session fits on every pool."""
+        return self.mamba_ok and self.req_ok and self.kv_ok
+
+    def rank_key(self) -> tuple[int, int, str]:
+        """Smaller is better: most free mamba, then fewest pinned sessions, then replica_id."""
+        return (-self.free_mamba, self.sessions_pinned, self.replica_id)
+
+
+def is_healthy(view: ReplicaView) -> bool:
+    """HEALTHY and not marked draining by its own snapshot."""
+    draining = view.snapshot is not None and view.snapshot.draining
+    return view.health == ReplicaHealth.HEALTHY and not draining
+
+
+def room_of(view: ReplicaView, reserved: Mapping[str, int] | None = None) -> Room | None:
+    """The replica's room net of ``reserved`` sessions; None when it has no snapshot."""
+    if view.snapshot is None:
+        return None
+    held = max(0, (reserved or {}).get(view.replica_id, 0))
+    return Room(
+        replica_id=view.replica_id,
+        free_mamba=view.free_mamba - held * view.mamba_slots_per_session,
+        free_req=view.free_req - held,
+        free_kv_tokens=view.free_kv_tokens - held * view.kv_tokens_per_session,
+        mamba_needed=view.mamba_slots_per_session,
+        kv_tokens_needed=view.kv_tokens_per_session,
+        sessions_pinned=view.sessions_pinned,
+    )
+
+
+def candidates(
+    views: Sequence[ReplicaView], reserved: Mapping[str, int] | None = None
+) -> list[Room]:
+    """Rooms of the healthy replicas that fit one more session, in the order of ``views``."""
+    rooms = (room_of(view, reserved) for view in views if is_healthy(view))
+    return [room for room in rooms if room is not None and room.fits]
+
+
+def choose_replica(
+    views: Sequence[ReplicaView],
+    reserved: Mapping[str, int] | None = None,
+    rng: random.Random | None = None,
+    p2c_threshold: int = 32,
+) -> str | None:
+    """The replica_id to place a new session on, or None when no replica is a candidate.
+
+    The result is always a candidate. Up to ``p2c_threshold`` candidates the best one is taken
+    (see the module docstring); beyond it the better of two sampled with ``rng``.
+    """
+    rooms = candidates(views, reserved)
+    if not rooms:
+        return None
+    if len(rooms) > max(p2c_threshold, 1):
+        rooms = (rng or _DEFAULT_RNG).sample(rooms, 2)
+    return min(rooms, key=Room.rank_key).replica_id
+
+
+@dataclass(frozen=True, slots=True)
+class RoomReport:
+    """Why new sessions can (or cannot) be placed; ``message()`` is for RESOURCE_EXHAUSTED."""
+
+    replicas: int
+    with_room: tuple[str, ...]
+    draining: tuple[str, ...]
+    dead: tuple[str, ...]
+    not_ready: tuple[str, ...]  # health unknown, or healthy without a snapshot yet
+    short_mamba: tuple[str, ...]  # "r0 (1 free, 2 per session)"
+    short_req: tuple[str, ...]
+    short_kv: tuple[str, ...]
+
+    @property
+    def has_room(self) -> bool:
+        return bool(self.with_room)
+
+    def message(self) -> str:
+        """One line saying why no replica has room and what to do about it."""
+        if self.has_room:
+            return f"replicas with room: {', '.join(self.with_room)}"
+        if self.replicas == 0:
+            return "no replicas registered; start replicas (session-router serve --replicas N)"
+        if self.not_ready and not (self.short_mamba or self.short_req or self.short_kv):
+            return (
+                f"no replica ready yet ({len(self.not_ready)} starting, "
+                f"{len(self.draining)} draining, {len(self.dead)} dead); retry shortly"
+            )
+        if not (self.not_ready or self.short_mamba or self.short_req or self.short_kv):
+            return (
+                f"all replicas draining or dead ({len(self.draining)} draining, "
+                f"{len(self.dead)} dead); wait for replacement replicas and retry"
+            )
+        parts = []
+        if self.short_mamba:
+            parts.append(f"no free mamba slots: {', '.join(self.short_mamba)}")
+        if self.short_req:
+            parts.append(f"no free req rows: {', '.join(self.short_req)}")
+        if self.short_kv:
+            parts.append(f"not enough free KV tokens: {', '.join(self.short_kv)}")
+        return (
+            "no replica has room for a new session (" + "; ".join(parts) + "); close idle "
+            "sessions, lower --session-idle-timeout-s, raise --max-sessions or add replicas"
+        )
+
+
+def room_report(
+    views: Sequence[ReplicaView], reserved: Mapping[str, int] | None = None
+) -> RoomReport:
+    """Classify every replica; consistent with ``candidates`` (with_room == their ids)."""
+    with_room, draining, dead, not_ready = [], [], [], []
+    short_mamba, short_req, short_kv = [], [], []
+    for view in views:
+        if view.health == ReplicaHealth.DEAD:
+            dead.append(view.replica_id)
+            continue
+        if view.health == ReplicaHealth.DRAINING or (view.snapshot and view.snapshot.draining):
+            draining.append(view.replica_id)
+            continue
+        room = room_of(view, reserved)
+        if view.health != ReplicaHealth.HEALTHY or room is None:
+            not_ready.append(view.replica_id)
+            continue
+        if room.fits:
+            with_room.append(view.replica_id)
+        if not room.mamba_ok:
+            short_mamba.append(
+                f"{room.replica_id} ({room.free_mamba} free, {room.mamba_needed} per session)"
+            )
+        if not room.req_ok:
+            short_req.append(f"{room.replica_id} ({room.free_req} free)")
+        if not room.kv_ok:
+            short_kv.append(
+                f"{room.replica_id} ({room.free_kv_tokens} free, "
+                f"{room.kv_tokens_needed} per session)"
+            )
+    return RoomReport(
+        len(views),
+        tuple(with_room),
+        tuple(draining),
+        tuple(dead),
+        tuple(not_ready),
+        tuple(short_mamba),
+        tuple(short_req),
+        tuple(short_kv),
+    )

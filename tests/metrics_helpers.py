@@ -1,0 +1,67 @@
+"""Shared by the metrics and top tests: replica views built from real snapshots, and a parser."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from replica.accounting import PoolSnapshot, PoolStats
+from router.views import ReplicaHealth, ReplicaView
+
+
+def cluster_views() -> list[ReplicaView]:
+    """Three replicas: healthy, draining (with 2 leaked mamba slots), dead without a snapshot."""
+    healthy = PoolSnapshot(
+        "replica-a",
+        "inc-1",
+        (
+            PoolStats("mamba", 16, 6, 2, 8),
+            PoolStats("kv_tokens", 4096, 3000, 96, 1000),
+            PoolStats("req", 8, 3, 1, 4),
+        ),
+        open_sessions=5,
+        running_requests=1,
+        waiting_requests=0,
+        taken_at=100.0,
+        sessions_opened_total=12,
+        sessions_released_total={"closed": 4, "stream_ended": 2, "idle_timeout": 1},
+    )
+    draining = PoolSnapshot(
+        "replica-b",
+        "inc-7",
+        (
+            PoolStats("mamba", 16, 4, 0, 10),
+            PoolStats("kv_tokens", 4096, 3896, 0, 200),
+            PoolStats("req", 8, 3, 0, 5),
+        ),
+        open_sessions=5,
+        running_requests=0,
+        waiting_requests=0,
+        taken_at=100.0,
+        draining=True,
+        sessions_opened_total=9,
+        sessions_released_total={"closed": 3, "aborted": 1},
+    )
+    return [
+        ReplicaView("replica-a", "node-1", ReplicaHealth.HEALTHY, healthy, 0.25, 5, 2, 64),
+        ReplicaView("replica-b", "node-2", ReplicaHealth.DRAINING, draining, 1.5, 4, 2, 64),
+        ReplicaView(
+            "replica-c", "node-3", ReplicaHealth.DEAD, None, float("inf"), 0, 2, 64, sessions_lost=6
+        ),
+    ]
+
+
+def parse_samples(text: str) -> dict[tuple[str, frozenset], float]:
+    """{(sample name, frozenset of label items): value} of an exposition."""
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return samples
+
+
+def select(samples: dict[tuple[str, frozenset], float], name: str, **labels: str) -> list[float]:
+    """Values of ``name`` whose labels include ``labels``."""
+    wanted = set(labels.items())
+    return [
+        value for (sample, items), value in samples.items() if sample == name and wanted <= items
+    ]

@@ -1,0 +1,173 @@
+"""The /metrics exposition: DESIGN's names and labels, values from real snapshots, promtool."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import urllib.request
+
+import pytest
+from prometheus_client import generate_latest
+
+from router.metrics import RELEASE_REASONS, build_registry, serve_metrics
+from tests.metrics_helpers import cluster_views, parse_samples, select
+
+CLUSTER_FAMILIES = {
+    "session_router_pool_slots": "gauge",
+    "session_router_pool_capacity_slots": "gauge",
+    "session_router_pool_leaked_slots": "gauge",
+    "session_router_sessions": "gauge",
+    "session_router_sessions_pinned": "gauge",
+    "session_router_sessions_opened_total": "counter",
+    "session_router_sessions_released_total": "counter",
+    "session_router_replica_up": "gauge",
+    "session_router_replica_draining": "gauge",
+    "session_router_snapshot_age_seconds": "gauge",
+}
+GATEWAY_FAMILIES = {
+    "session_router_rpc_requests_total": "counter",
+    "session_router_rpc_duration_seconds": "histogram",
+    "session_router_time_to_first_token_seconds": "histogram",
+    "session_router_generated_tokens_total": "counter",
+    "session_router_open_rejected_total": "counter",
+}
+
+
+@pytest.fixture
+def exposition() -> str:
+    registry, gateway = build_registry(cluster_views)
+    gateway.observe_rpc("OpenSession", "OK", 0.004)
+    gateway.observe_rpc("OpenSession", "RESOURCE_EXHAUSTED", 2.0)
+    gateway.observe_rpc("Generate", "OK", 0.3)
+    gateway.observe_first_token(0.02)
+    gateway.add_generated_tokens(17)
+    gateway.open_rejected_for("no_room")
+    return generate_latest(registry).decode()
+
+
+def test_types_and_exposed_names_are_designs(exposition):
+    types = {}
+    for line in exposition.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split()
+            types[name] = kind
+    for name, kind in {**CLUSTER_FAMILIES, **GATEWAY_FAMILIES}.items():
+        assert types.get(name) == kind, f"{name}: {types.get(name)}"
+    samples = parse_samples(exposition)
+    names = {name for name, _ in samples}
+    assert "session_router_sessions_opened_total" in names
+    assert "session_router_sessions_released_total" in names
+    assert "session_router_generated_tokens_total" in names
+    assert not any(name.endswith("_total_total") for name in names)
+
+
+def test_values_come_from_the_snapshots(exposition):
+    samples = parse_samples(exposition)
+    held = select(samples, "session_router_pool_slots", pool="mamba", state="session_held")
+    assert sum(held) == 18
+    assert select(
+        samples, "session_router_pool_slots", replica="replica-a", pool="kv_tokens", state="free"
+    ) == [3000]
+    assert sum(select(samples, "session_router_pool_slots", state="cached")) == 0
+    assert select(
+        samples, "session_router_pool_capacity_slots", replica="replica-b", pool="req"
+    ) == [8]
+    assert select(
+        samples, "session_router_pool_leaked_slots", replica="replica-b", pool="mamba"
+    ) == [2]
+    assert sum(select(samples, "session_router_pool_leaked_slots")) == 2
+    assert sum(select(samples, "session_router_sessions_pinned")) == 9
+    assert select(samples, "session_router_sessions", replica="replica-a") == [5]
+    assert select(samples, "session_router_sessions_opened_total", replica="replica-b") == [9]
+    for replica in ("replica-a", "replica-b", "replica-c"):
+        reasons = {
+            dict(items)["reason"]
+            for name, items in samples
+            if name == "session_router_sessions_released_total" and ("replica", replica) in items
+        }
+        assert reasons == set(RELEASE_REASONS)
+    assert select(
+        samples, "session_router_sessions_released_total", replica="replica-a", reason="closed"
+    ) == [4]
+    assert select(
+        samples,
+        "session_router_sessions_released_total",
+        replica="replica-c",
+        reason="replica_lost",
+    ) == [6]
+    assert select(samples, "session_router_snapshot_age_seconds", replica="replica-b") == [1.5]
+
+
+def test_health_and_dead_replica_without_snapshot(exposition):
+    samples = parse_samples(exposition)
+    up = {
+        r: select(samples, "session_router_replica_up", replica=r)
+        for r in ("replica-a", "replica-b", "replica-c")
+    }
+    assert up == {"replica-a": [1], "replica-b": [1], "replica-c": [0]}
+    draining = {
+        r: select(samples, "session_router_replica_draining", replica=r)
+        for r in ("replica-a", "replica-b", "replica-c")
+    }
+    assert draining == {"replica-a": [0], "replica-b": [1], "replica-c": [0]}
+    assert select(samples, "session_router_pool_slots", replica="replica-c") == []
+    assert select(samples, "session_router_snapshot_age_seconds", replica="replica-c") == []
+
+
+def test_gateway_metrics(exposition):
+    samples = parse_samples(exposition)
+    assert select(samples, "session_router_rpc_requests_total", method="OpenSession") == [1, 1]
+    assert select(samples, "session_router_rpc_duration_seconds_count", method="OpenSession") == [2]
+    assert select(
+        samples, "session_router_rpc_duration_seconds_bucket", method="Generate", le="0.0005"
+    ) == [0]
+    assert select(
+        samples, "session_router_rpc_duration_seconds_bucket", method="Generate", le="60.0"
+    ) == [1]
+    assert select(samples, "session_router_time_to_first_token_seconds_count") == [1]
+    assert select(samples, "session_router_generated_tokens_total") == [17]
+    assert select(samples, "session_router_open_rejected_total", reason="no_room") == [1]
+
+
+def test_promtool_check_metrics_passes(exposition):
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail(
+            "promtool not found on PATH; install Debian's prometheus package "
+            "(sudo .ci/install-system.sh, or apt-get install -y prometheus)"
+        )
+    result = subprocess.run(
+        [promtool, "check", "metrics"], input=exposition, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, f"promtool check metrics:\n{result.stdout}\n{result.stderr}"
+
+
+def test_each_scrape_reads_the_views_and_registering_does_not():
+    calls = []
+
+    def views():
+        calls.append(1)
+        return cluster_views()[: len(calls)]
+
+    registry, _ = build_registry(views)
+    assert calls == []
+    first = parse_samples(generate_latest(registry).decode())
+    second = parse_samples(generate_latest(registry).decode())
+    assert len(select(first, "session_router_replica_up")) == 1
+    assert len(select(second, "session_router_replica_up")) == 2
+
+
+def test_served_over_http():
+    registry, gateway = build_registry(cluster_views)
+    gateway.add_generated_tokens(5)
+    server = serve_metrics(0, registry)
+    try:
+        assert server.port > 0
+        with urllib.request.urlopen(server.url, timeout=10) as response:
+            assert response.status == 200
+            text = response.read().decode()
+    finally:
+        server.close()
+    samples = parse_samples(text)
+    assert select(samples, "session_router_generated_tokens_total") == [5]
+    assert select(samples, "session_router_replica_up", replica="replica-c") == [0]
