@@ -131,6 +131,11 @@ class Engine:
                 "shorten the input, lower max_new_tokens or open a new session"
             )
         req = Req(session_id, list(input_ids), sampling)
+        if not input_ids and not slot.pending_ids:
+            # Nothing to fold and nothing to generate: the turn is done (it would never be
+            # scheduled, so queueing it would leave the engine busy forever).
+            self._emit_end(req, FinishReason.LENGTH, slot)
+            return req
         self.scheduler.add(req)
         return req
 

@@ -36,3 +36,24 @@ class SessionInfo:
     max_context_tokens: int
     turn_running: bool
     idle_timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ActorError:
+    """A refused call, returned (not raised) across Ray: ``code`` is a gRPC status name."""
+
+    code: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaDescription:
+    """What the router needs to know about a replica to place sessions on it."""
+
+    replica_id: str
+    node_id: str
+    incarnation: str
+    mamba_slots_per_session: int
+    kv_tokens_per_session: int
+    max_context: int
+    vocab_size: int

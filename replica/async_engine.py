@@ -1,0 +1,111 @@
+"""``AsyncEngine``: the engine on its own thread, driven from asyncio.
+
+The engine is single-threaded by contract, so this wrapper gives it one thread that owns it.
+Callers on the event loop send commands (``call``) that the engine thread runs between steps, and
+receive each step's ``TurnEvent``s through the ``on_events`` callback, called on the event loop.
+The engine thread never blocks on the event loop, and the event loop never waits for a step.
+Between steps the thread also releases idle sessions and publishes a fresh ``PoolSnapshot``
+(``latest_snapshot``) about every ``snapshot_interval_s``, so readers never touch the pools.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from replica.accounting import PoolSnapshot
+from replica.engine import Engine
+from replica.outputs import TurnEvent
+
+log = logging.getLogger(__name__)
+
+IDLE_TICK_S = 0.05
+
+
+class AsyncEngine:
+    def __init__(self, engine: Engine, on_events: Callable[[list[TurnEvent]], None],
+                 on_released: Callable[[list[str]], None] | None = None,
+                 snapshot_interval_s: float = 0.25) -> None:
+        self.engine = engine
+        self._on_events = on_events
+        self._on_released = on_released
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._loop = asyncio.get_running_loop()
+        self._stop = threading.Event()
+        self._snapshot_interval_s = snapshot_interval_s
+        self.latest_snapshot: PoolSnapshot = engine.snapshot()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self._thread.start()
+
+    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` on the engine thread between steps; returns or raises its result."""
+        future = self._loop.create_future()
+        self._commands.put((fn, args, future))
+        return await future
+
+    def call_nowait(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Fire and forget (errors are logged)."""
+        self._commands.put((fn, args, None))
+
+    def _run(self) -> None:
+        next_snapshot = next_idle_check = 0.0
+        try:
+            while not self._stop.is_set():
+                self._apply_commands(block=not self.engine.has_work)
+                events = self.engine.step() if self.engine.has_work else self.engine.take_events()
+                if events:
+                    self._loop.call_soon_threadsafe(self._on_events, events)
+                now = time.monotonic()
+                if now >= next_idle_check:
+                    next_idle_check = now + 1.0
+                    released = self.engine.release_idle()
+                    if released and self._on_released:
+                        self._loop.call_soon_threadsafe(self._on_released, released)
+                if now >= next_snapshot or not self.engine.has_work:
+                    next_snapshot = now + self._snapshot_interval_s
+                    self.latest_snapshot = self.engine.snapshot()
+        except BaseException as exc:  # noqa: BLE001 - reported to the actor, which goes unhealthy
+            log.exception("engine thread died")
+            self.error = exc
+
+    def _apply_commands(self, block: bool) -> None:
+        try:
+            item = self._commands.get(timeout=IDLE_TICK_S) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            fn, args, future = item
+            try:
+                result = fn(*args)
+            except Exception as exc:  # noqa: BLE001 - handed to the caller
+                if future is None:
+                    log.warning("engine command %s failed: %s", getattr(fn, "__name__", fn), exc)
+                else:
+                    self._loop.call_soon_threadsafe(_set_exception, future, exc)
+            else:
+                if future is not None:
+                    self._loop.call_soon_threadsafe(_set_result, future, result)
+            try:
+                item = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+
+def _set_result(future: asyncio.Future, result: Any) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+def _set_exception(future: asyncio.Future, exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)

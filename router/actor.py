@@ -1,0 +1,251 @@
+"""``SessionRouter``: the one named actor that pins every session to the replica holding it.
+
+It owns the session table (session_id -> replica, tenant, last_active) and the replica registry
+(handle, latest ``PoolSnapshot``, health). It places new sessions by real free capacity
+(``router.placement``), waits up to ``open_timeout_s`` for room, and detects dead replicas
+(failed calls, stale snapshots, failed pings). A session's state lives only on its replica: the
+router never routes a session elsewhere; a session whose replica died is answered ABORTED.
+After its own restart the router rebuilds its table from the replicas, which re-register with
+the sessions they hold when their next snapshot report is not recognised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from replica.accounting import PoolSnapshot
+from replica.outputs import ActorError, ReplicaDescription, SessionInfo
+from router.placement import choose_replica, room_report
+from router.views import ReplicaHealth, ReplicaView
+
+log = logging.getLogger(__name__)
+
+ROUTER_NAME = "session-router"
+MAX_TOMBSTONES = 100_000
+
+
+@dataclass(slots=True, eq=False)
+class ReplicaEntry:
+    handle: Any
+    desc: ReplicaDescription
+    health: ReplicaHealth = ReplicaHealth.HEALTHY
+    snapshot: PoolSnapshot | None = None
+    reported_at: float = field(default_factory=time.monotonic)
+    pinned: set[str] = field(default_factory=set)
+    reserved: int = 0  # sessions placed since the latest snapshot
+    lost: int = 0  # sessions lost when the replica died
+
+
+@dataclass(slots=True)
+class SessionEntry:
+    replica_id: str
+    tenant: str
+    last_active: float
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    session_id: str
+    replica_id: str
+    handle: Any
+    info: SessionInfo | None = None
+
+
+class SessionRouter:
+    def __init__(self, open_timeout_s: float = 10.0, stale_after_s: float = 5.0,
+                 health_interval_s: float = 1.0) -> None:
+        self.open_timeout_s = open_timeout_s
+        self.stale_after_s = stale_after_s
+        self.health_interval_s = health_interval_s
+        self.replicas: dict[str, ReplicaEntry] = {}
+        self.sessions: dict[str, SessionEntry] = {}
+        self.aborted: OrderedDict[str, str] = OrderedDict()  # session -> dead replica
+        self._room = asyncio.Condition()
+        self._health_task: asyncio.Task | None = None
+
+    def _start(self) -> None:
+        if self._health_task is None:
+            self._health_task = asyncio.get_running_loop().create_task(self._health_loop())
+
+    async def _notify_room(self) -> None:
+        async with self._room:
+            self._room.notify_all()
+
+    # ----- replicas -----------------------------------------------------------------------
+
+    async def register_replica(self, replica_id: str, handle: Any, desc: ReplicaDescription,
+                               session_tenants: dict[str, str] | list[str] = ()) -> None:
+        """Add or refresh a replica, adopting the sessions it says it holds."""
+        self._start()
+        entry = self.replicas.get(replica_id)
+        if entry is None or entry.desc.incarnation != desc.incarnation:
+            entry = self.replicas[replica_id] = ReplicaEntry(handle, desc)
+        entry.handle, entry.health = handle, ReplicaHealth.HEALTHY
+        tenants = session_tenants if isinstance(session_tenants, dict) else \
+            dict.fromkeys(session_tenants, "")
+        now = time.monotonic()
+        for sid, tenant in tenants.items():
+            self.sessions[sid] = SessionEntry(replica_id, tenant, now)
+            entry.pinned.add(sid)
+        log.info("replica %s registered with %d sessions", replica_id, len(tenants))
+        await self._notify_room()
+
+    async def report(self, snapshot: PoolSnapshot, released: list[str]) -> bool:
+        """A replica's periodic snapshot; False when the replica must register (again)."""
+        self._start()
+        entry = self.replicas.get(snapshot.replica_id)
+        if entry is None or entry.desc.incarnation != snapshot.incarnation:
+            return False
+        entry.snapshot, entry.reported_at, entry.reserved = snapshot, time.monotonic(), 0
+        if entry.health == ReplicaHealth.DEAD:
+            return False
+        self._forget(released)
+        await self._notify_room()
+        return True
+
+    def _forget(self, session_ids: list[str]) -> None:
+        for sid in session_ids:
+            session = self.sessions.pop(sid, None)
+            if session is not None and session.replica_id in self.replicas:
+                self.replicas[session.replica_id].pinned.discard(sid)
+
+    async def replica_failed(self, replica_id: str, why: str) -> None:
+        """Mark a replica dead: its sessions are answered ABORTED from now on."""
+        entry = self.replicas.get(replica_id)
+        if entry is None or entry.health == ReplicaHealth.DEAD:
+            return
+        log.error("replica %s is dead (%s); %d sessions lost", replica_id, why, len(entry.pinned))
+        entry.health = ReplicaHealth.DEAD
+        entry.lost += len(entry.pinned)
+        for sid in entry.pinned:
+            self.sessions.pop(sid, None)
+            self.aborted[sid] = replica_id
+        entry.pinned.clear()
+        while len(self.aborted) > MAX_TOMBSTONES:
+            self.aborted.popitem(last=False)
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_interval_s)
+            now = time.monotonic()
+            for replica_id, entry in list(self.replicas.items()):
+                if entry.health == ReplicaHealth.DEAD:
+                    continue
+                if now - entry.reported_at > self.stale_after_s:
+                    await self._probe(replica_id, entry, "snapshot stale")
+
+    async def _probe(self, replica_id: str, entry: ReplicaEntry, why: str) -> None:
+        try:
+            ok = await asyncio.wait_for(entry.handle.ping.remote(), timeout=self.stale_after_s)
+        except Exception as exc:  # noqa: BLE001 - any failure to answer is death
+            ok, why = False, f"{why}; ping failed: {type(exc).__name__}"
+        if not ok:
+            await self.replica_failed(replica_id, why)
+
+    async def drain(self, replica_id: str, draining: bool = True) -> ReplicaView | ActorError:
+        entry = self.replicas.get(replica_id)
+        if entry is None:
+            return ActorError("NOT_FOUND", f"no replica {replica_id!r}; see ListReplicas")
+        if entry.health != ReplicaHealth.DEAD:
+            await entry.handle.drain.remote(draining)
+            entry.health = ReplicaHealth.DRAINING if draining else ReplicaHealth.HEALTHY
+        return self._view(replica_id, entry)
+
+    def _view(self, replica_id: str, entry: ReplicaEntry) -> ReplicaView:
+        age = time.monotonic() - entry.reported_at if entry.snapshot else 0.0
+        return ReplicaView(replica_id, entry.desc.node_id, entry.health, entry.snapshot, age,
+                           len(entry.pinned), entry.desc.mamba_slots_per_session,
+                           entry.desc.kv_tokens_per_session, entry.lost)
+
+    async def views(self) -> list[ReplicaView]:
+        return [self._view(rid, entry) for rid, entry in sorted(self.replicas.items())]
+
+    # ----- sessions -----------------------------------------------------------------------
+
+    async def open_session(self, idle_timeout_s: float = 0.0, tenant: str = "",
+                           gateway_id: str = "") -> Route | ActorError:
+        """Place a new session; waits up to ``open_timeout_s`` for room."""
+        self._start()
+        deadline = time.monotonic() + self.open_timeout_s
+        refused: dict[str, int] = {}
+        while True:
+            views = [self._view(rid, e) for rid, e in self.replicas.items()]
+            reserved = {rid: e.reserved + refused.get(rid, 0) for rid, e in self.replicas.items()}
+            replica_id = choose_replica(views, reserved)
+            if replica_id is not None:
+                route = await self._open_on(replica_id, idle_timeout_s, tenant, gateway_id)
+                if not isinstance(route, ActorError):
+                    return route
+                if route.code != "RESOURCE_EXHAUSTED":
+                    return route
+                refused[replica_id] = 10**6  # full after all: skip it until its next snapshot
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return ActorError("RESOURCE_EXHAUSTED", room_report(views, reserved).message())
+            try:
+                async with self._room:
+                    await asyncio.wait_for(self._room.wait(), timeout=left)
+            except asyncio.TimeoutError:
+                pass
+            refused.clear()
+
+    async def _open_on(self, replica_id: str, idle_timeout_s: float, tenant: str,
+                       gateway_id: str) -> Route | ActorError:
+        entry = self.replicas[replica_id]
+        session_id = secrets.token_hex(16)  # 128-bit random
+        entry.reserved += 1
+        try:
+            info = await entry.handle.open_session.remote(session_id, idle_timeout_s, gateway_id)
+        except Exception as exc:  # noqa: BLE001 - the replica died under us
+            await self.replica_failed(replica_id, f"open_session failed: {exc}")
+            return ActorError("RESOURCE_EXHAUSTED", f"replica {replica_id} failed; retry")
+        if isinstance(info, ActorError):
+            entry.reserved -= 1
+            return info
+        self.sessions[session_id] = SessionEntry(replica_id, tenant, time.monotonic())
+        entry.pinned.add(session_id)
+        return Route(session_id, replica_id, entry.handle, info)
+
+    async def route(self, session_id: str, tenant: str = "") -> Route | ActorError:
+        session = self.sessions.get(session_id)
+        if session is None:
+            if session_id in self.aborted:
+                return ActorError("ABORTED", f"the replica of session {session_id} died and its "
+                                             "state is gone; open a new session")
+            return ActorError("NOT_FOUND", f"session {session_id} is not open; open a new one")
+        if session.tenant and session.tenant != tenant:
+            return ActorError("PERMISSION_DENIED", f"session {session_id} belongs to another "
+                                                   "tenant")
+        session.last_active = time.monotonic()
+        entry = self.replicas[session.replica_id]
+        return Route(session_id, session.replica_id, entry.handle)
+
+    async def close_session(self, session_id: str, tenant: str = "",
+                            reason: str = "closed") -> bool | ActorError:
+        """Release a session on its replica. Idempotent: False when it was not open."""
+        route = await self.route(session_id, tenant)
+        if isinstance(route, ActorError):
+            return False if route.code in ("NOT_FOUND", "ABORTED") else route
+        try:
+            (was_open,) = await route.handle.close_sessions.remote([session_id], reason)
+        except Exception as exc:  # noqa: BLE001
+            await self.replica_failed(route.replica_id, f"close failed: {exc}")
+            return False
+        self._forget([session_id])
+        await self._notify_room()
+        return was_open
+
+    async def forget(self, session_ids: list[str]) -> None:
+        """Gateways report sessions they released on the replica directly (stream ends)."""
+        self._forget(session_ids)
+        await self._notify_room()
+
+    async def session_count(self) -> int:
+        return len(self.sessions)

@@ -1,0 +1,134 @@
+"""A small Python client of the session API, blocking (``SessionClient``) and asyncio
+(``AsyncSessionClient``). Sessions are context managers that close themselves.
+
+    with SessionClient("127.0.0.1:50051") as client, client.open() as session:
+        for chunk in session.generate("Hello", max_new_tokens=16):
+            print(chunk.text, end="")
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Iterator
+
+import grpc
+
+from protos import session_router_pb2 as pb
+from protos import session_router_pb2_grpc as pb_grpc
+
+
+def generate_request(session_id: str = "", text: str | None = None,
+                     tokens: Iterable[int] | None = None, max_new_tokens: int = 16,
+                     temperature: float = 0.0, top_p: float = 0.0, seed: int = 0,
+                     stop_token_ids: Iterable[int] = ()) -> pb.GenerateRequest:
+    sampling = pb.SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature,
+                                 top_p=top_p, seed=seed, stop_token_ids=list(stop_token_ids))
+    request = pb.GenerateRequest(session_id=session_id, sampling=sampling)
+    if text is not None:
+        request.text = text
+    elif tokens is not None:
+        request.tokens.ids.extend(tokens)
+    return request
+
+
+def _metadata(api_key: str | None) -> tuple:
+    return (("authorization", f"Bearer {api_key}"),) if api_key else ()
+
+
+class SessionClient:
+    def __init__(self, address: str, api_key: str | None = None) -> None:
+        self.channel = grpc.insecure_channel(address)
+        self.sessions = pb_grpc.SessionServiceStub(self.channel)
+        self.admin = pb_grpc.AdminServiceStub(self.channel)
+        self.metadata = _metadata(api_key)
+
+    def open(self, idle_timeout_s: float = 0.0, timeout: float | None = None) -> Session:
+        msg = self.sessions.OpenSession(pb.OpenSessionRequest(idle_timeout_s=idle_timeout_s),
+                                        metadata=self.metadata, timeout=timeout)
+        return Session(self, msg)
+
+    def generate(self, session_id: str, text: str | None = None, tokens=None,
+                 timeout: float | None = None, **sampling) -> Iterator[pb.GenerateChunk]:
+        request = generate_request(session_id, text, tokens, **sampling)
+        return self.sessions.Generate(request, metadata=self.metadata, timeout=timeout)
+
+    def close_session(self, session_id: str) -> bool:
+        return self.sessions.CloseSession(pb.CloseSessionRequest(session_id=session_id),
+                                          metadata=self.metadata).was_open
+
+    def replicas(self) -> list[pb.ReplicaInfo]:
+        return list(self.admin.ListReplicas(pb.ListReplicasRequest(),
+                                            metadata=self.metadata).replicas)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> SessionClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Session:
+    def __init__(self, client: SessionClient, msg: pb.Session) -> None:
+        self.client = client
+        self.id = msg.session_id
+        self.replica_id = msg.replica_id
+
+    def generate(self, text: str | None = None, tokens=None, **kw) -> Iterator[pb.GenerateChunk]:
+        return self.client.generate(self.id, text, tokens, **kw)
+
+    def complete(self, text: str | None = None, tokens=None, **kw) -> tuple[list[int], str, int]:
+        """Run a turn to its end: (token ids, text, finish reason)."""
+        ids, pieces, reason = [], [], 0
+        for chunk in self.generate(text, tokens, **kw):
+            ids.extend(chunk.token_ids)
+            pieces.append(chunk.text)
+            reason = chunk.finish_reason or reason
+        return ids, "".join(pieces), reason
+
+    def close(self) -> bool:
+        return self.client.close_session(self.id)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class AsyncSessionClient:
+    """The same over grpc.aio, for many concurrent sessions from one process."""
+
+    def __init__(self, address: str, api_key: str | None = None) -> None:
+        self.channel = grpc.aio.insecure_channel(address)
+        self.sessions = pb_grpc.SessionServiceStub(self.channel)
+        self.admin = pb_grpc.AdminServiceStub(self.channel)
+        self.metadata = _metadata(api_key)
+
+    async def open(self, idle_timeout_s: float = 0.0, timeout: float | None = None) -> pb.Session:
+        return await self.sessions.OpenSession(
+            pb.OpenSessionRequest(idle_timeout_s=idle_timeout_s), metadata=self.metadata,
+            timeout=timeout)
+
+    def generate(self, session_id: str, text: str | None = None, tokens=None,
+                 timeout: float | None = None, **sampling) -> AsyncIterator[pb.GenerateChunk]:
+        request = generate_request(session_id, text, tokens, **sampling)
+        return self.sessions.Generate(request, metadata=self.metadata, timeout=timeout)
+
+    def converse(self, requests: AsyncIterator[pb.ConverseRequest]):
+        """Full duplex: ``requests`` starts with ``open``; iterate the call for responses."""
+        return self.sessions.Converse(requests, metadata=self.metadata)
+
+    async def close_session(self, session_id: str) -> bool:
+        response = await self.sessions.CloseSession(
+            pb.CloseSessionRequest(session_id=session_id), metadata=self.metadata)
+        return response.was_open
+
+    async def replicas(self) -> list[pb.ReplicaInfo]:
+        response = await self.admin.ListReplicas(pb.ListReplicasRequest(),
+                                                 metadata=self.metadata)
+        return list(response.replicas)
+
+    async def close(self) -> None:
+        await self.channel.close()

@@ -1,0 +1,136 @@
+"""The gateway's view of the cluster: router calls, a route cache and one output pump per replica.
+
+A turn costs no router call: routes are cached when a session is opened (or looked up once).
+Token delivery costs no Ray round trip per token: for each replica the gateway keeps one
+long-lived ``stream_outputs`` call whose items carry everything an engine step produced for this
+gateway's sessions; the pump hands each event to the inbox (an ``asyncio.Queue``) of its session.
+When a replica's stream breaks, the replica is reported dead and every waiting session gets an
+ABORTED event, so no client hangs on a turn that will never end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import Any
+
+from replica.outputs import ActorError, TurnEvent
+from router.actor import Route
+from router.views import ReplicaView
+
+log = logging.getLogger(__name__)
+
+
+class Cluster:
+    def __init__(self, router: Any, views_interval_s: float = 1.0) -> None:
+        self.router = router
+        self.gateway_id = f"gw-{uuid.uuid4().hex[:12]}"
+        self.routes: dict[str, Route] = {}
+        self.inboxes: dict[str, asyncio.Queue] = {}
+        self._pumps: dict[str, asyncio.Task] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self.cached_views: list[ReplicaView] = []
+        self._views_interval_s = views_interval_s
+        self._views_task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._views_task = asyncio.get_running_loop().create_task(self._poll_views())
+
+    async def _poll_views(self) -> None:
+        """Cache the router's views so a metrics scrape never calls an actor."""
+        while True:
+            try:
+                self.cached_views = await self.router.views.remote()
+            except Exception as exc:  # noqa: BLE001 - the router may be restarting
+                log.warning("could not read replica views from the router: %s", exc)
+            await asyncio.sleep(self._views_interval_s)
+
+    def background(self, coro) -> None:
+        """Run a cleanup coroutine that must finish even if the caller is cancelled."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ----- routes -------------------------------------------------------------------------
+
+    async def open(self, idle_timeout_s: float, tenant: str) -> Route | ActorError:
+        route = await self.router.open_session.remote(idle_timeout_s, tenant, self.gateway_id)
+        if isinstance(route, Route):
+            self.routes[route.session_id] = route
+            self._ensure_pump(route)
+        return route
+
+    async def route(self, session_id: str, tenant: str) -> Route | ActorError:
+        route = self.routes.get(session_id)
+        if route is None:
+            route = await self.router.route.remote(session_id, tenant)
+            if isinstance(route, Route):
+                self.routes[session_id] = route
+                self._ensure_pump(route)
+        return route
+
+    async def close(self, session_id: str, tenant: str, reason: str = "closed") -> bool | ActorError:
+        self.routes.pop(session_id, None)
+        return await self.router.close_session.remote(session_id, tenant, reason)
+
+    async def release(self, route: Route, reason: str) -> None:
+        """Release a session on its replica straight away (stream ended), then tell the router."""
+        self.routes.pop(route.session_id, None)
+        try:
+            await route.handle.close_sessions.remote([route.session_id], reason)
+        except Exception as exc:  # noqa: BLE001 - the replica is gone; so is the session
+            log.warning("release of %s failed: %s", route.session_id, exc)
+        await self.router.forget.remote([route.session_id])
+
+    # ----- output pumps ---------------------------------------------------------------------
+
+    def inbox(self, session_id: str) -> asyncio.Queue:
+        queue = self.inboxes.get(session_id)
+        if queue is None:
+            queue = self.inboxes[session_id] = asyncio.Queue()
+        return queue
+
+    def drop_inbox(self, session_id: str) -> None:
+        self.inboxes.pop(session_id, None)
+
+    def _ensure_pump(self, route: Route) -> None:
+        pump = self._pumps.get(route.replica_id)
+        if pump is None or pump.done():
+            loop = asyncio.get_running_loop()
+            self._pumps[route.replica_id] = loop.create_task(self._pump(route))
+
+    async def _pump(self, route: Route) -> None:
+        replica_id = route.replica_id
+        try:
+            async for ref in route.handle.stream_outputs.remote(self.gateway_id):
+                for event in await ref:
+                    queue = self.inboxes.get(event.session_id)
+                    if queue is not None:
+                        queue.put_nowait(event)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the replica died
+            log.error("output stream of replica %s broke: %s", replica_id, exc)
+            await self._replica_lost(replica_id, f"output stream broke: {type(exc).__name__}")
+
+    async def _replica_lost(self, replica_id: str, why: str) -> None:
+        lost = [sid for sid, r in self.routes.items() if r.replica_id == replica_id]
+        for sid in lost:
+            self.routes.pop(sid, None)
+            queue = self.inboxes.get(sid)
+            if queue is not None:
+                queue.put_nowait(TurnEvent(sid, -1, error_code="ABORTED", error=(
+                    f"the replica of session {sid} died and its state is gone; open a new "
+                    "session")))
+        try:
+            await self.router.replica_failed.remote(replica_id, why)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("could not report replica %s to the router: %s", replica_id, exc)
+
+    async def stop(self) -> None:
+        for task in [*self._pumps.values(), self._views_task]:
+            if task is not None:
+                task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5)

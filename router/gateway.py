@@ -1,0 +1,237 @@
+"""The gRPC gateway: ``SessionService`` and ``AdminService`` over grpc.aio, plus health and
+reflection. Status codes and messages follow DESIGN.md; every refusal says what to do.
+
+A Generate turn is one actor call to submit; its chunks arrive through the replica's output
+stream (``router.cluster``). If the client cancels or its deadline passes before the last
+chunk, the turn is cancelled on the replica, which rolls the session back to its checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from protos import session_router_pb2 as pb
+from protos import session_router_pb2_grpc as pb_grpc
+from replica.errors import InvalidRequestError
+from replica.outputs import ActorError, TurnEvent
+from router.actor import Route
+from router.auth import ApiKeys, Unauthenticated
+from router.cluster import Cluster
+from router.converse import Conversation
+from router.convert import (
+    chunk_from_event,
+    replica_to_proto,
+    sampling_from_proto,
+    session_to_proto,
+    status_code,
+    turn_input,
+)
+from router.metrics import GatewayMetrics
+
+log = logging.getLogger(__name__)
+
+MAX_TEXT_BYTES = 1 << 20
+
+
+class Refused(Exception):
+    """Ends an RPC with ``code`` and ``message``."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def check(result):
+    if isinstance(result, ActorError):
+        raise Refused(result.code, result.message)
+    return result
+
+
+class Gateway:
+    """Shared by both servicers: the cluster, the API keys and the metrics."""
+
+    def __init__(self, cluster: Cluster, keys: ApiKeys, metrics: GatewayMetrics) -> None:
+        self.cluster = cluster
+        self.keys = keys
+        self.metrics = metrics
+
+    def tenant(self, context: grpc.aio.ServicerContext) -> str:
+        try:
+            return self.keys.tenant_of(context.invocation_metadata())
+        except Unauthenticated as exc:
+            raise Refused("UNAUTHENTICATED", str(exc)) from None
+
+    async def route(self, session_id: str, tenant: str) -> Route:
+        if not session_id:
+            raise Refused("INVALID_ARGUMENT", "session_id is required; get one from OpenSession")
+        return check(await self.cluster.route(session_id, tenant))
+
+    async def open(self, request: pb.OpenSessionRequest, tenant: str) -> Route:
+        timeout = request.idle_timeout_s
+        if timeout < 0 or timeout != timeout:
+            raise Refused("INVALID_ARGUMENT", "idle_timeout_s must be >= 0 (0: server default)")
+        route = await self.cluster.open(timeout, tenant)
+        if isinstance(route, ActorError):
+            self.metrics.open_rejected_for("no_room" if route.code == "RESOURCE_EXHAUSTED"
+                                           else route.code.lower())
+        return check(route)
+
+    async def submit(self, route: Route, request: pb.GenerateRequest) -> int:
+        text, ids = turn_input(request)
+        if text is not None and len(text.encode("utf-8", "surrogatepass")) > MAX_TEXT_BYTES:
+            raise Refused("INVALID_ARGUMENT", f"text longer than {MAX_TEXT_BYTES} bytes")
+        try:
+            sampling = sampling_from_proto(request.sampling)
+        except InvalidRequestError as exc:
+            raise Refused("INVALID_ARGUMENT", str(exc)) from None
+        try:
+            result = await route.handle.submit_turn.remote(
+                self.cluster.gateway_id, route.session_id, text, ids, sampling)
+        except Exception as exc:  # noqa: BLE001 - the replica died
+            await self.cluster._replica_lost(route.replica_id, f"submit failed: {exc}")
+            raise Refused("ABORTED", f"the replica of session {route.session_id} died and its "
+                                     "state is gone; open a new session") from None
+        return check(result)
+
+    def chunk(self, event: TurnEvent, started: float, first: bool) -> pb.GenerateChunk:
+        if event.error_code is not None:
+            raise Refused(event.error_code, event.error or "turn failed")
+        if first and event.token_ids:
+            self.metrics.observe_first_token(time.perf_counter() - started)
+        self.metrics.add_generated_tokens(len(event.token_ids))
+        return chunk_from_event(event)
+
+
+async def run_rpc(gateway: Gateway, method: str, context, body):
+    """Run a unary body, mapping ``Refused`` to its status and counting the call."""
+    started, code = time.perf_counter(), "OK"
+    try:
+        return await body()
+    except Refused as exc:
+        code = exc.code
+        await context.abort(status_code(exc.code), str(exc))
+    finally:
+        gateway.metrics.observe_rpc(method, code, time.perf_counter() - started)
+
+
+class SessionService(pb_grpc.SessionServiceServicer):
+    def __init__(self, gateway: Gateway) -> None:
+        self.gw = gateway
+
+    async def OpenSession(self, request, context):
+        async def body():
+            route = await self.gw.open(request, self.gw.tenant(context))
+            return session_to_proto(route.session_id, route.replica_id, route.info)
+
+        return await run_rpc(self.gw, "OpenSession", context, body)
+
+    async def GetSession(self, request, context):
+        async def body():
+            route = await self.gw.route(request.session_id, self.gw.tenant(context))
+            info = check(await route.handle.get_session.remote(route.session_id))
+            return session_to_proto(route.session_id, route.replica_id, info)
+
+        return await run_rpc(self.gw, "GetSession", context, body)
+
+    async def CloseSession(self, request, context):
+        async def body():
+            tenant = self.gw.tenant(context)
+            if not request.session_id:
+                raise Refused("INVALID_ARGUMENT", "session_id is required")
+            was_open = check(await self.gw.cluster.close(request.session_id, tenant))
+            return pb.CloseSessionResponse(was_open=was_open)
+
+        return await run_rpc(self.gw, "CloseSession", context, body)
+
+    async def Generate(self, request, context) -> AsyncIterator[pb.GenerateChunk]:
+        started, code, finished = time.perf_counter(), "OK", False
+        cluster, route, turn_id = self.gw.cluster, None, None
+        try:
+            route = await self.gw.route(request.session_id, self.gw.tenant(context))
+            inbox = cluster.inbox(route.session_id)
+            turn_id = await self.gw.submit(route, request)
+            first = True
+            while not finished:
+                event = await inbox.get()
+                if event.turn_id not in (turn_id, -1):
+                    continue  # a stale event of an earlier turn
+                finished = event.finished
+                yield self.gw.chunk(event, started, first)
+                first = False
+        except Refused as exc:
+            code = exc.code
+            await context.abort(status_code(exc.code), str(exc))
+        except asyncio.CancelledError:
+            code = "CANCELLED"
+            raise
+        finally:
+            if route is not None:
+                cluster.drop_inbox(route.session_id)
+                if turn_id is not None and not finished and code != "ABORTED":
+                    cluster.background(route.handle.cancel.remote(route.session_id))
+            self.gw.metrics.observe_rpc("Generate", code, time.perf_counter() - started)
+
+    async def Converse(self, request_iterator, context) -> AsyncIterator[pb.ConverseResponse]:
+        started, code = time.perf_counter(), "OK"
+        conversation = Conversation(self.gw, request_iterator, context)
+        try:
+            async for response in conversation.run():
+                yield response
+        except Refused as exc:
+            code = exc.code
+            await context.abort(status_code(exc.code), str(exc))
+        except asyncio.CancelledError:
+            code = "CANCELLED"
+            raise
+        finally:
+            conversation.end()
+            self.gw.metrics.observe_rpc("Converse", code, time.perf_counter() - started)
+
+
+class AdminService(pb_grpc.AdminServiceServicer):
+    def __init__(self, gateway: Gateway) -> None:
+        self.gw = gateway
+
+    async def ListReplicas(self, request, context):
+        async def body():
+            self.gw.tenant(context)
+            views = await self.gw.cluster.router.views.remote()
+            return pb.ListReplicasResponse(replicas=[replica_to_proto(v) for v in views])
+
+        return await run_rpc(self.gw, "ListReplicas", context, body)
+
+    async def DrainReplica(self, request, context):
+        async def body():
+            self.gw.tenant(context)
+            view = check(await self.gw.cluster.router.drain.remote(request.replica_id))
+            return pb.DrainReplicaResponse(replica=replica_to_proto(view))
+
+        return await run_rpc(self.gw, "DrainReplica", context, body)
+
+
+async def start_grpc_server(gateway: Gateway, port: int, host: str = "[::]") -> grpc.aio.Server:
+    """Start the gRPC server with both services, health and reflection; returns it running."""
+    server = grpc.aio.server()
+    pb_grpc.add_SessionServiceServicer_to_server(SessionService(gateway), server)
+    pb_grpc.add_AdminServiceServicer_to_server(AdminService(gateway), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [pb.DESCRIPTOR.services_by_name[n].full_name for n in ("SessionService",
+                                                                    "AdminService")]
+    for name in ["", *names]:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME],
+                                        server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot listen on {host}:{port}")
+    server.bound_port = bound
+    await server.start()
+    return server
