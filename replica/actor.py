@@ -192,7 +192,7 @@ class ReplicaActor:
                     sessions = await self._call(self.engine.session_ids)
                     await router.register_replica.remote(
                         self.replica_id, ray.get_runtime_context().current_actor,
-                        await self.describe(), sessions)
+                        await self.describe(), sessions, self._async.latest_snapshot)
             except Exception as exc:  # noqa: BLE001 - the router may be restarting
                 log.warning("snapshot report to the router failed: %s", exc)
                 router = None

@@ -80,13 +80,16 @@ class SessionRouter:
     # ----- replicas -----------------------------------------------------------------------
 
     async def register_replica(self, replica_id: str, handle: Any, desc: ReplicaDescription,
-                               session_tenants: dict[str, str] | list[str] = ()) -> None:
+                               session_tenants: dict[str, str] | list[str] = (),
+                               snapshot: PoolSnapshot | None = None) -> None:
         """Add or refresh a replica, adopting the sessions it says it holds."""
         self._start()
         entry = self.replicas.get(replica_id)
         if entry is None or entry.desc.incarnation != desc.incarnation:
             entry = self.replicas[replica_id] = ReplicaEntry(handle, desc)
         entry.handle, entry.health = handle, ReplicaHealth.HEALTHY
+        if snapshot is not None:
+            entry.snapshot, entry.reported_at, entry.reserved = snapshot, time.monotonic(), 0
         tenants = session_tenants if isinstance(session_tenants, dict) else \
             dict.fromkeys(session_tenants, "")
         now = time.monotonic()

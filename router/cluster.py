@@ -22,6 +22,13 @@ from router.views import ReplicaView
 log = logging.getLogger(__name__)
 
 
+async def _logged(awaitable) -> None:
+    try:
+        await awaitable
+    except Exception as exc:  # noqa: BLE001 - cleanup of a replica that may be gone
+        log.warning("background cleanup failed: %s", exc)
+
+
 class Cluster:
     def __init__(self, router: Any, views_interval_s: float = 1.0) -> None:
         self.router = router
@@ -46,9 +53,10 @@ class Cluster:
                 log.warning("could not read replica views from the router: %s", exc)
             await asyncio.sleep(self._views_interval_s)
 
-    def background(self, coro) -> None:
-        """Run a cleanup coroutine that must finish even if the caller is cancelled."""
-        task = asyncio.get_running_loop().create_task(coro)
+    def background(self, awaitable) -> None:
+        """Run a cleanup (a coroutine or an actor call) that must finish even if the caller is
+        cancelled; failures are logged."""
+        task = asyncio.get_running_loop().create_task(_logged(awaitable))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

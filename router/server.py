@@ -120,8 +120,10 @@ class Server:
             ).remote(replica_id, self.replica_config, cfg.model, cfg.model_path, ROUTER_NAME)
             self.replicas[replica_id] = handle
         descs = await asyncio.gather(*(self.replicas[r].describe.remote() for r in ids))
-        for replica_id, desc in zip(ids, descs):
-            await self.router.register_replica.remote(replica_id, self.replicas[replica_id], desc)
+        snaps = await asyncio.gather(*(self.replicas[r].snapshot.remote() for r in ids))
+        for replica_id, desc, snap in zip(ids, descs, snaps):
+            await self.router.register_replica.remote(
+                replica_id, self.replicas[replica_id], desc, (), snap)
         log.info("started %d replicas", count)
         return ids
 
