@@ -128,8 +128,9 @@ class ReplicaActor:
     async def interrupt(self, session_id: str) -> bool | ActorError:
         return await self._call(self.engine.interrupt, session_id)
 
-    async def cancel(self, session_id: str, why: str = "cancelled by the client") -> bool:
-        return await self._call(self.engine.cancel, session_id, why)
+    async def cancel(self, session_id: str, why: str = "cancelled by the client",
+                     turn_id: int | None = None) -> bool:
+        return await self._call(self.engine.cancel, session_id, why, turn_id)
 
     async def get_session(self, session_id: str) -> SessionInfo | ActorError:
         return await self._call(self.engine.session_info, session_id)

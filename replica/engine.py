@@ -151,10 +151,12 @@ class Engine:
             self._emit_end(req, FinishReason.INTERRUPTED, self.sessions.get(session_id))
         return True
 
-    def cancel(self, session_id: str, why: str = "turn cancelled") -> bool:
-        """End the session's turn and roll it back (atomic turns); reports CANCELLED."""
+    def cancel(self, session_id: str, why: str = "turn cancelled",
+               turn_id: int | None = None) -> bool:
+        """End the session's turn (only turn ``turn_id`` when given) and roll it back (atomic
+        turns); reports CANCELLED. Returns whether a turn was cancelled."""
         req, running = self.scheduler.find(session_id)
-        if req is None:
+        if req is None or (turn_id is not None and req.rid != turn_id):
             return False
         if running:
             self._fail(req, "CANCELLED", why)

@@ -71,7 +71,7 @@ class Cluster:
 
     async def route(self, session_id: str, tenant: str) -> Route | ActorError:
         route = self.routes.get(session_id)
-        if route is None:
+        if route is None or route.tenant != tenant:  # another tenant: the router decides
             route = await self.router.route.remote(session_id, tenant)
             if isinstance(route, Route):
                 self.routes[session_id] = route
@@ -93,14 +93,17 @@ class Cluster:
 
     # ----- output pumps ---------------------------------------------------------------------
 
-    def inbox(self, session_id: str) -> asyncio.Queue:
-        queue = self.inboxes.get(session_id)
-        if queue is None:
-            queue = self.inboxes[session_id] = asyncio.Queue()
+    def claim_inbox(self, session_id: str) -> asyncio.Queue | None:
+        """The queue a session's events go to while one RPC streams them; None when another
+        RPC of this gateway already streams that session (a turn is in flight)."""
+        if session_id in self.inboxes:
+            return None
+        queue = self.inboxes[session_id] = asyncio.Queue()
         return queue
 
-    def drop_inbox(self, session_id: str) -> None:
-        self.inboxes.pop(session_id, None)
+    def drop_inbox(self, session_id: str, queue: asyncio.Queue) -> None:
+        if self.inboxes.get(session_id) is queue:
+            del self.inboxes[session_id]
 
     def _ensure_pump(self, route: Route) -> None:
         pump = self._pumps.get(route.replica_id)

@@ -33,6 +33,7 @@ class Conversation:
         self.requests = requests
         self.context = context
         self.route: Route | None = None
+        self.inbox: asyncio.Queue | None = None
         self.reader: asyncio.Task | None = None
 
     async def run(self) -> AsyncIterator[pb.ConverseResponse]:
@@ -43,7 +44,7 @@ class Conversation:
         if first is None or first.WhichOneof("kind") != "open":
             raise Refused("INVALID_ARGUMENT", "the first Converse request must be `open`")
         self.route = await self.gw.open(first.open, tenant)
-        inbox = self.gw.cluster.inbox(self.route.session_id)
+        inbox = self.inbox = self.gw.cluster.claim_inbox(self.route.session_id)
         yield pb.ConverseResponse(opened=session_to_proto(
             self.route.session_id, self.route.replica_id, self.route.info))
         self.reader = asyncio.get_running_loop().create_task(self._read(inbox))
@@ -97,6 +98,7 @@ class Conversation:
         if self.reader is not None:
             self.reader.cancel()
         if self.route is not None:
-            self.gw.cluster.drop_inbox(self.route.session_id)
+            if self.inbox is not None:
+                self.gw.cluster.drop_inbox(self.route.session_id, self.inbox)
             self.gw.cluster.background(self.gw.cluster.release(self.route, "stream_ended"))
             self.route = None

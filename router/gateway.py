@@ -98,6 +98,8 @@ class Gateway:
             await self.cluster._replica_lost(route.replica_id, f"submit failed: {exc}")
             raise Refused("ABORTED", f"the replica of session {route.session_id} died and its "
                                      "state is gone; open a new session") from None
+        if isinstance(result, ActorError) and result.code == "NOT_FOUND":
+            self.cluster.routes.pop(route.session_id, None)  # released on the replica (idle)
         return check(result)
 
     def chunk(self, event: TurnEvent, started: float, first: bool) -> pb.GenerateChunk:
@@ -152,10 +154,13 @@ class SessionService(pb_grpc.SessionServiceServicer):
 
     async def Generate(self, request, context) -> AsyncIterator[pb.GenerateChunk]:
         started, code, finished = time.perf_counter(), "OK", False
-        cluster, route, turn_id = self.gw.cluster, None, None
+        cluster, route, turn_id, inbox = self.gw.cluster, None, None, None
         try:
             route = await self.gw.route(request.session_id, self.gw.tenant(context))
-            inbox = cluster.inbox(route.session_id)
+            inbox = cluster.claim_inbox(route.session_id)
+            if inbox is None:
+                raise Refused("FAILED_PRECONDITION", f"session {route.session_id} already has "
+                              "a turn running; wait for its last chunk or interrupt it")
             turn_id = await self.gw.submit(route, request)
             first = True
             while not finished:
@@ -172,10 +177,11 @@ class SessionService(pb_grpc.SessionServiceServicer):
             code = "CANCELLED"
             raise
         finally:
-            if route is not None:
-                cluster.drop_inbox(route.session_id)
+            if inbox is not None:
+                cluster.drop_inbox(route.session_id, inbox)
                 if turn_id is not None and not finished and code != "ABORTED":
-                    cluster.background(route.handle.cancel.remote(route.session_id))
+                    cluster.background(route.handle.cancel.remote(
+                        route.session_id, "the client cancelled the call", turn_id))
             self.gw.metrics.observe_rpc("Generate", code, time.perf_counter() - started)
 
     async def Converse(self, request_iterator, context) -> AsyncIterator[pb.ConverseResponse]:
