@@ -48,6 +48,7 @@ class ReplicaActor:
         self.report_interval_s = report_interval_s
         self._outputs: dict[str, asyncio.Queue] = defaultdict(asyncio.Queue)
         self._session_gateway: dict[str, str] = {}
+        self._session_tenant: dict[str, str] = {}  # so a restarted router can rebuild its table
         self._released: list[str] = []
         self._async = None
         self._reporter: asyncio.Task | None = None
@@ -64,6 +65,7 @@ class ReplicaActor:
         self._released.extend(session_ids)
         for sid in session_ids:
             self._session_gateway.pop(sid, None)
+            self._session_tenant.pop(sid, None)
 
     def _dispatch(self, events: list[TurnEvent]) -> None:
         by_gateway: dict[str, list[TurnEvent]] = defaultdict(list)
@@ -97,12 +99,15 @@ class ReplicaActor:
             pools.mamba_slots_per_seq, per_session, pools.max_context, self.config.model.vocab_size)
 
     async def open_session(self, session_id: str, idle_timeout_s: float = 0.0,
-                           gateway_id: str | None = None) -> SessionInfo | ActorError:
+                           gateway_id: str | None = None,
+                           tenant: str = "") -> SessionInfo | ActorError:
         if gateway_id:
             self._session_gateway[session_id] = gateway_id
         result = await self._call(self.engine.open_session, session_id, idle_timeout_s)
         if isinstance(result, ActorError):
             self._session_gateway.pop(session_id, None)
+        else:
+            self._session_tenant[session_id] = tenant
         return result
 
     async def close_sessions(self, session_ids: list[str], reason: str = "closed") -> list[bool]:
@@ -112,6 +117,7 @@ class ReplicaActor:
         result = await self._call(close_all)
         for sid in session_ids:
             self._session_gateway.pop(sid, None)
+            self._session_tenant.pop(sid, None)
         return result
 
     async def submit_turn(self, gateway_id: str, session_id: str, text: str | None,
@@ -190,7 +196,8 @@ class ReplicaActor:
                     self._released = released + self._released  # tell the router next time
                     raise
                 if not known:
-                    sessions = await self._call(self.engine.session_ids)
+                    held = await self._call(self.engine.session_ids)
+                    sessions = {sid: self._session_tenant.get(sid, "") for sid in held}
                     await router.register_replica.remote(
                         self.replica_id, ray.get_runtime_context().current_actor,
                         await self.describe(), sessions, self._async.latest_snapshot)

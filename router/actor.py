@@ -55,6 +55,7 @@ class Route:
     replica_id: str
     handle: Any
     info: SessionInfo | None = None
+    tenant: str = ""  # the owner; a cached route is only used for this tenant
 
 
 class SessionRouter:
@@ -205,7 +206,8 @@ class SessionRouter:
         session_id = secrets.token_hex(16)  # 128-bit random
         entry.reserved += 1
         try:
-            info = await entry.handle.open_session.remote(session_id, idle_timeout_s, gateway_id)
+            info = await entry.handle.open_session.remote(session_id, idle_timeout_s, gateway_id,
+                                                          tenant)
         except Exception as exc:  # noqa: BLE001 - the replica died under us
             await self.replica_failed(replica_id, f"open_session failed: {exc}")
             return ActorError("RESOURCE_EXHAUSTED", f"replica {replica_id} failed; retry")
@@ -214,7 +216,7 @@ class SessionRouter:
             return info
         self.sessions[session_id] = SessionEntry(replica_id, tenant, time.monotonic())
         entry.pinned.add(session_id)
-        return Route(session_id, replica_id, entry.handle, info)
+        return Route(session_id, replica_id, entry.handle, info, tenant)
 
     async def route(self, session_id: str, tenant: str = "") -> Route | ActorError:
         session = self.sessions.get(session_id)
@@ -228,7 +230,7 @@ class SessionRouter:
                                                    "tenant")
         session.last_active = time.monotonic()
         entry = self.replicas[session.replica_id]
-        return Route(session_id, session.replica_id, entry.handle)
+        return Route(session_id, session.replica_id, entry.handle, tenant=session.tenant)
 
     async def close_session(self, session_id: str, tenant: str = "",
                             reason: str = "closed") -> bool | ActorError:

@@ -51,12 +51,13 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
 async def serve(config: ServeConfig) -> int:
     server = Server(config)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     print("session-router: starting Ray, the router and "
           f"{config.replicas} replicas ({config.model_path or config.model})...", flush=True)
     await server.start()
+    # After start: ray.init installs its own SIGTERM handler, which must not win over ours.
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     print(f"session-router: gRPC listening on {server.grpc_address}", flush=True)
     print(f"session-router: metrics on {server.metrics_url}", flush=True)
     print("session-router: ready (Ctrl-C or SIGTERM to stop)", flush=True)

@@ -90,6 +90,8 @@ class Server:
                       "log_to_driver": True}
             if cfg.address:
                 kwargs["address"] = cfg.address
+            else:  # the embedded instance stays on loopback
+                kwargs["_node_ip_address"] = "127.0.0.1"
             ray.init(**kwargs)
             self._started_ray = True
         self.router = ray.remote(SessionRouter).options(
