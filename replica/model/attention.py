@@ -78,8 +78,8 @@ class Attention(nn.Module):
         q, k, v = self._qkv(h, cos, sin)
         k_buf[new_slots] = k.to(k_buf.dtype)
         v_buf[new_slots] = v.to(v_buf.dtype)
-        keys = k_buf[kv_slots].to(q.dtype).permute(1, 0, 2)[None]  # [1, Hkv, T, D]
-        values = v_buf[kv_slots].to(q.dtype).permute(1, 0, 2)[None]
+        keys = k_buf.index_select(0, kv_slots).to(q.dtype).permute(1, 0, 2)[None]  # [1, Hkv, T, D]
+        values = v_buf.index_select(0, kv_slots).to(q.dtype).permute(1, 0, 2)[None]
         out = gqa_attention(q.permute(1, 0, 2)[None], keys, values, valid[None], self.scale)
         return self.o_proj(out[0].permute(1, 0, 2).reshape(length, -1))
 
@@ -103,7 +103,10 @@ class Attention(nn.Module):
         q, k, v = self._qkv(h, cos, sin)
         k_buf[new_slots] = k.to(k_buf.dtype)
         v_buf[new_slots] = v.to(v_buf.dtype)
-        keys = k_buf[kv_slots].to(q.dtype).permute(0, 2, 1, 3)  # [B, Hkv, T, D]
-        values = v_buf[kv_slots].to(q.dtype).permute(0, 2, 1, 3)
+        # index_select of the flattened slots: several times faster than advanced indexing
+        shape = (batch, kv_slots.shape[1], self.n_kv_heads, self.head_dim)
+        flat = kv_slots.reshape(-1)
+        keys = k_buf.index_select(0, flat).view(shape).to(q.dtype).permute(0, 2, 1, 3)
+        values = v_buf.index_select(0, flat).view(shape).to(q.dtype).permute(0, 2, 1, 3)
         out = gqa_attention(q[:, :, None, :], keys, values, valid[:, None, :], self.scale)
         return self.o_proj(out.reshape(batch, -1))

@@ -52,6 +52,7 @@ def ssd_chunk_scan(
     Returns ``y [L, h, p]`` and the final state ``[h, p, n]``, both float32.
     """
     length, n_heads, _ = x.shape
+    chunk_size = min(chunk_size, length)  # the same scan; no padding of short inputs
     x = x.float()
     dt = dt.float()
     B = _expand_groups(B.float(), n_heads)
@@ -202,7 +203,7 @@ class Mamba2Mixer(nn.Module):
             [self.intermediate, self.conv_dim, self.n_heads], dim=-1
         )
         w = self.conv1d.weight[:, 0, :]  # [conv_dim, d_conv]
-        window = torch.cat([conv_buf[slots].to(xbc.dtype), xbc[:, :, None]], dim=-1)
+        window = torch.cat([conv_buf.index_select(0, slots).to(xbc.dtype), xbc[:, :, None]], -1)
         conv_buf[slots] = window[:, :, 1:].to(conv_buf.dtype)
         xbc = (window.to(w.dtype) * w).sum(-1)
         if self.conv1d.bias is not None:
@@ -216,7 +217,7 @@ class Mamba2Mixer(nn.Module):
         C = _expand_groups(C.float().reshape(batch, self.n_groups, self.d_state), self.n_heads)
         dt = self._dt(dt)  # [B, h]
         dA = torch.exp(dt * -torch.exp(self.A_log.float()))
-        state = ssm_buf[slots].float()  # [B, h, p, n]
+        state = ssm_buf.index_select(0, slots).float()  # [B, h, p, n]
         state = state * dA[:, :, None, None] + (dt[:, :, None] * x)[..., None] * B[:, :, None, :]
         ssm_buf[slots] = state.to(ssm_buf.dtype)
         y = torch.matmul(state, C[..., None])[..., 0] + self.D.float()[:, None] * x

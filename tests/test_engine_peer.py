@@ -1,0 +1,107 @@
+"""The engine against transformers' ``BambaForCausalLM``: a checkpoint saved by transformers,
+loaded with ``replica.model.load_model`` and served by an ``Engine``, generates the same greedy
+tokens as ``generate`` over the whole conversation, also across session turns."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from replica.config import PoolConfig
+from replica.request import FinishReason
+from tests.engine_helpers import (
+    close_and_check,
+    greedy,
+    make_checkpoint_engine,
+    run_turn,
+    token_ids,
+)
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 384
+
+
+@pytest.fixture(scope="module")
+def peer(tmp_path_factory):
+    """A tiny random HF Bamba saved with ``save_pretrained``; returns (hf model, path)."""
+    torch.manual_seed(7)
+    cfg = transformers.BambaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_layer_indices=[1, 3],
+        mamba_n_heads=8,
+        mamba_d_head=16,
+        mamba_n_groups=1,
+        mamba_d_state=16,
+        mamba_chunk_size=16,
+        initializer_range=0.05,
+        eos_token_id=None,
+        pad_token_id=None,
+        bos_token_id=None,
+    )
+    hf = transformers.BambaForCausalLM(cfg).eval()
+    with torch.no_grad():  # move norms, D, dt_bias, A_log off their constant inits
+        for p in hf.parameters():
+            if p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    path = tmp_path_factory.mktemp("bamba-peer")
+    hf.save_pretrained(str(path))
+    return hf, str(path)
+
+
+def hf_greedy(hf, prompt: list[int], new: int) -> list[int]:
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.fixture(params=[1, 16], ids=["page1", "page16"])
+def engine(request, peer):
+    pools = PoolConfig(max_sessions=4, kv_tokens=1024, max_context=256, page_size=request.param)
+    eng = make_checkpoint_engine(peer[1], pools, max_prefill_chunk=24)
+    yield eng
+    close_and_check(eng)
+
+
+def test_greedy_matches_generate(peer, engine):
+    hf, _ = peer
+    prompt = token_ids(30, 1)
+    engine.open_session("s")
+    tokens, reason, committed = run_turn(engine, "s", prompt, greedy(20))
+    assert tokens == hf_greedy(hf, prompt, 20)
+    assert reason is FinishReason.LENGTH and committed == 50
+
+
+def test_append_then_generate_matches_one_prompt(peer, engine):
+    hf, _ = peer
+    a, b = token_ids(37, 2), token_ids(9, 3)
+    engine.open_session("s")
+    assert run_turn(engine, "s", a, greedy(0)) == ([], FinishReason.LENGTH, 37)
+    tokens, _, committed = run_turn(engine, "s", b, greedy(12))
+    assert tokens == hf_greedy(hf, a + b, 12)
+    assert committed == 37 + 9 + 12
+
+
+def test_multi_turn_matches_whole_conversation(peer, engine):
+    """Turn 2 continues after turn 1's output (its last token folded first, as pending)."""
+    hf, _ = peer
+    a, b, c = token_ids(21, 4), token_ids(13, 5), token_ids(5, 6)
+    engine.open_session("s")
+    o1, _, committed = run_turn(engine, "s", a, greedy(10))
+    assert o1 == hf_greedy(hf, a, 10) and committed == 31
+    o2, _, committed = run_turn(engine, "s", b, greedy(8))
+    assert o2 == hf_greedy(hf, a + o1 + b, 8) and committed == 31 + 13 + 8
+    o3, _, _ = run_turn(engine, "s", c, greedy(6))
+    assert o3 == hf_greedy(hf, a + o1 + b + o2 + c, 6)
