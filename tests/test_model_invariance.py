@@ -68,7 +68,7 @@ def test_chunk_sizes_give_same_logits_and_state(tiny):
         torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
         for i in range(cfg.num_mamba_layers):
             torch.testing.assert_close(buffers.ssm[i][slot], ref_ssm[i], atol=1e-6, rtol=1e-4)
-            torch.testing.assert_close(buffers.conv[i][slot], ref_conv[i], atol=1e-6, rtol=0)
+            torch.testing.assert_close(buffers.conv[i][slot], ref_conv[i], atol=1e-6, rtol=1e-4)
         got_next = model.forward_decode(
             nxt,
             torch.tensor([len(ids)]),

@@ -15,10 +15,12 @@ from replica.model.tokenizer import ByteTokenizer, Tokenizer
 TINY_BAMBA = "tiny-bamba"
 
 
-def init_weights(model: BambaModel, seed: int = 0) -> None:
+def init_weights(model: BambaModel, seed: int = 0, linear_std: float = 0.1) -> None:
     """Deterministic random init from ``seed`` (independent of the global RNG).
 
-    Linear and embedding weights ~ N(0, 0.02); norms one; biases zero; conv1d weights
+    Embedding weights ~ N(0, 0.02), linear weights ~ N(0, ``linear_std``) — large enough that a
+    tiny random model's next token depends on its context (with 0.02 it barely does, and tests of
+    state reuse would pass even with the state lost); norms one; biases zero; conv1d weights
     ~ N(0, 1/d_conv); Mamba ``A_log = log(1..n_heads)``, ``D = 1`` and ``dt_bias`` the inverse
     softplus of time steps log-spaced in [0.001, 0.1] (the usual Mamba2 init).
     """
@@ -30,7 +32,7 @@ def init_weights(model: BambaModel, seed: int = 0) -> None:
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
-                normal(module.weight, 0.02)
+                normal(module.weight, 0.02 if isinstance(module, nn.Embedding) else linear_std)
                 if getattr(module, "bias", None) is not None:
                     module.bias.zero_()
             elif isinstance(module, nn.Conv1d):

@@ -1,0 +1,144 @@
+"""Helpers of the end-to-end tests: a real ``Server`` (embedded local Ray, loopback gRPC, the
+tiny-bamba model) run on its own event loop in a background thread, so tests are plain sync
+code that may block (``ray.get``, blocking gRPC) without stalling the gateway; and checks of
+the replicas' pools through their actors.
+
+Only one ``Server`` runs at a time in a process (the router and replica actors are named), so each
+test module starts its own and stops it at the module's end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterable
+
+import grpc
+import ray
+
+from replica.accounting import PoolSnapshot
+from router.server import ServeConfig, Server
+
+SMALL = dict(replicas=2, max_sessions=8, kv_tokens=4096, max_context=512, page_size=16,
+             grpc_port=0, metrics_port=0, host="127.0.0.1", strict=True)
+
+
+class ServerThread:
+    """A ``Server`` on a private event loop thread; ``call`` runs a coroutine there."""
+
+    def __init__(self, **overrides) -> None:
+        self.config = ServeConfig(**{**SMALL, **overrides})
+        self.server = Server(self.config)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="server-loop",
+                                       daemon=True)
+
+    def call(self, coro, timeout: float | None = 120.0):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def start(self) -> ServerThread:
+        self.thread.start()
+        try:
+            self.call(self.server.start(), timeout=300)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        try:
+            if self.thread.is_alive():
+                self.call(self.server.stop(), timeout=120)
+        finally:
+            if ray.is_initialized():  # a failed start may leave Ray up
+                ray.shutdown()
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10)
+
+    @property
+    def address(self) -> str:
+        return self.server.grpc_address
+
+    @property
+    def replicas(self) -> dict:
+        return self.server.replicas
+
+    # ----- views of the replicas, through their actors ----------------------------------------
+
+    def sessions_on(self, replica_ids: Iterable[str] | None = None) -> dict[str, set[str]]:
+        ids = list(self.replicas if replica_ids is None else replica_ids)
+        lists = ray.get([self.replicas[r].list_sessions.remote() for r in ids], timeout=60)
+        return {r: set(s) for r, s in zip(ids, lists)}
+
+    def snapshots(self, replica_ids: Iterable[str] | None = None) -> dict[str, PoolSnapshot]:
+        ids = list(self.replicas if replica_ids is None else replica_ids)
+        snaps = ray.get([self.replicas[r].snapshot.remote(True) for r in ids], timeout=60)
+        for r, snap in zip(ids, snaps):
+            assert isinstance(snap, PoolSnapshot), f"{r}: {snap}"
+        return dict(zip(ids, snaps))
+
+    def assert_no_leaks(self, replica_ids: Iterable[str] | None = None,
+                        at_capacity: bool = False) -> None:
+        """leaked == 0 on every pool (exact snapshots and the replicas' own invariant check);
+        with ``at_capacity``, also no session open and every pool entirely free."""
+        ids = list(self.replicas if replica_ids is None else replica_ids)
+        checked = ray.get([self.replicas[r].check_invariant.remote() for r in ids], timeout=60)
+        for r, snap in zip(ids, checked):
+            assert isinstance(snap, PoolSnapshot), f"{r}: invariant check failed: {snap}"
+        for r, snap in self.snapshots(ids).items():
+            for stats in snap.pools:
+                assert stats.leaked == 0, f"{r}: {stats.describe()}"
+                if at_capacity:
+                    assert stats.free == stats.capacity, f"{r}: {stats.describe()}"
+            if at_capacity:
+                assert snap.open_sessions == 0, f"{r}: {snap.open_sessions} sessions open"
+                assert snap.running_requests == snap.waiting_requests == 0, r
+
+    def wait_at_capacity(self, replica_ids: Iterable[str] | None = None,
+                         timeout: float = 10.0) -> None:
+        """Poll until every replica holds no session and its pools are free, then check."""
+        ids = list(self.replicas if replica_ids is None else replica_ids)
+        deadline = time.monotonic() + timeout
+        while True:
+            snaps = self.snapshots(ids)
+            done = all(s.open_sessions == 0 and all(p.free == p.capacity for p in s.pools)
+                       for s in snaps.values())
+            if done or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        self.assert_no_leaks(ids, at_capacity=True)
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.05, what: str = "condition"):
+    """Poll ``predicate`` until it returns a truthy value; fails after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def rpc_error(fn, *args, **kwargs) -> grpc.RpcError:
+    """Call ``fn`` (draining a stream it returns); returns the RpcError it must raise."""
+    try:
+        result = fn(*args, **kwargs)
+        if isinstance(result, grpc.Call):  # a response stream
+            for _ in result:
+                pass
+    except grpc.RpcError as exc:
+        return exc
+    raise AssertionError(f"{getattr(fn, '__name__', fn)} did not fail")
+
+
+def run_turn(stream) -> tuple[list[int], int, int]:
+    """Drain a Generate stream: (token ids, finish reason, committed tokens of the last chunk)."""
+    ids, reason, committed = [], 0, 0
+    for chunk in stream:
+        ids.extend(chunk.token_ids)
+        if chunk.finish_reason:
+            reason, committed = chunk.finish_reason, chunk.committed_tokens
+    return ids, reason, committed

@@ -1,0 +1,118 @@
+"""End to end: a replica killed under its sessions. Its sessions' next turn is ABORTED (and a
+turn streaming when it died ends ABORTED instead of hanging), the other replica's sessions are
+untouched, new sessions go to the survivor, and ListReplicas shows the dead one DEAD.
+
+The test kills a replica, so the module has its own Server.
+"""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+import ray
+
+from protos import session_router_pb2 as pb
+from router.client import SessionClient
+from tests.e2e_helpers import ServerThread, rpc_error, run_turn, wait_for
+
+STALE_AFTER_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = ServerThread(stale_after_s=STALE_AFTER_S).start()
+    yield srv
+    srv.stop()
+
+
+def test_replica_death(server):
+    client = SessionClient(server.address)
+    sessions = [client.open() for _ in range(6)]
+    by_replica: dict[str, list] = {}
+    for s in sessions:
+        by_replica.setdefault(s.replica_id, []).append(s)
+    assert set(by_replica) == set(server.replicas), "sessions not spread over both replicas"
+    committed = {}
+    for n, s in enumerate(sessions):
+        _, _, committed[s.id] = run_turn(s.generate(tokens=[n + 1, 2, 3], max_new_tokens=3))
+    victim = sessions[0].replica_id
+    (survivor,) = [r for r in server.replicas if r != victim]
+    doomed, spared = by_replica[victim], by_replica[survivor]
+    survivor_sessions = server.sessions_on([survivor])[survivor]
+
+    # a turn streaming on the victim when it dies ends with ABORTED; it does not hang
+    streaming = doomed[0].generate(tokens=[7, 8], max_new_tokens=400, timeout=30)
+    next(streaming)
+    killed = time.monotonic()
+    ray.kill(server.replicas[victim], no_restart=True)
+    try:
+        for _ in streaming:
+            pass
+    except grpc.RpcError as exc:
+        assert exc.code() == grpc.StatusCode.ABORTED, exc
+        assert "open a new session" in exc.details()
+    else:
+        raise AssertionError("the turn streaming on the dead replica ended normally")
+    assert time.monotonic() - killed < 10
+
+    for s in doomed:
+        err = rpc_error(s.generate, tokens=[9], max_new_tokens=2)
+        assert err.code() == grpc.StatusCode.ABORTED, err
+        assert err.details()
+        assert s.close() is False  # nothing left to close
+
+    # the survivor's sessions are untouched: same state, and a turn continues from it
+    assert server.sessions_on([survivor])[survivor] == survivor_sessions
+    for s in spared:
+        ids, reason, now = run_turn(s.generate(tokens=[9], max_new_tokens=2))
+        assert (len(ids), reason, now) == (2, pb.FINISH_REASON_LENGTH, committed[s.id] + 3)
+
+    # new sessions land on the survivor only
+    fresh = [client.open() for _ in range(4)]
+    assert {s.replica_id for s in fresh} == {survivor}
+    for s in fresh:
+        run_turn(s.generate(tokens=[1, 2], max_new_tokens=2))
+
+    # ListReplicas reports the dead replica DEAD (stale snapshot or failed ping at the latest)
+    def states() -> dict[str, int]:
+        return {r.replica_id: r.state for r in client.replicas()}
+
+    wait_for(lambda: states()[victim] == pb.REPLICA_STATE_DEAD, STALE_AFTER_S * 3, 0.2,
+             "ListReplicas to show the killed replica DEAD")
+    assert states()[survivor] == pb.REPLICA_STATE_HEALTHY
+    server.assert_no_leaks([survivor])
+
+    for s in spared + fresh:
+        assert s.close() is True
+    server.wait_at_capacity([survivor])
+    client.close()
+
+
+def test_router_detects_a_silent_death(server):
+    """A replica no gateway streams from dies: the router's stale-snapshot check and failed ping
+    mark it DEAD on their own, and placement stops choosing it."""
+    (added,) = server.call(server.server.start_replicas(1))
+    client = SessionClient(server.address)
+
+    def state_of(replica_id: str) -> int:
+        return {r.replica_id: r.state for r in client.replicas()}.get(replica_id, 0)
+
+    wait_for(lambda: any(r.replica_id == added and r.pools for r in client.replicas()), 10, 0.2,
+             "the new replica's first snapshot")
+    assert state_of(added) == pb.REPLICA_STATE_HEALTHY
+    killed = time.monotonic()
+    ray.kill(server.replicas[added], no_restart=True)
+    wait_for(lambda: state_of(added) == pb.REPLICA_STATE_DEAD, STALE_AFTER_S * 4, 0.2,
+             "the router to mark the silent replica DEAD")
+    assert time.monotonic() - killed >= STALE_AFTER_S - 1.5  # it was the router's own check
+    alive = [r for r in server.replicas if state_of(r) == pb.REPLICA_STATE_HEALTHY]
+    assert alive and added not in alive
+    sessions = [client.open() for _ in range(3)]
+    assert {s.replica_id for s in sessions} <= set(alive)
+    for s in sessions:
+        run_turn(s.generate(tokens=[4, 5], max_new_tokens=2))
+        assert s.close() is True
+    server.wait_at_capacity(alive)
+    client.close()

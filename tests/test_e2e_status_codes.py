@@ -1,0 +1,231 @@
+"""End to end: every status code of DESIGN.md, each produced by the input that should produce it,
+each with a message; CloseSession idempotence, GetSession, health and reflection.
+
+The module's server has API keys on (tenants alice and bob, from a keys file). The ABORTED test
+kills a replica, so it runs last.
+"""
+
+from __future__ import annotations
+
+import queue
+import secrets
+
+import grpc
+import pytest
+import ray
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from protos import session_router_pb2 as pb
+from router.client import SessionClient, generate_request
+from tests.e2e_helpers import ServerThread, rpc_error, run_turn, wait_for
+
+ALICE, BOB = "alice-key-0123456789", "bob-key-9876543210"
+Code = grpc.StatusCode
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    keys = tmp_path_factory.mktemp("keys") / "api-keys"
+    keys.write_text(f"# key tenant\n{ALICE} alice\n{BOB} bob\n")
+    srv = ServerThread(api_keys=str(keys), open_timeout_s=1.0).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def alice(server):
+    with SessionClient(server.address, api_key=ALICE) as c:
+        yield c
+
+
+@pytest.fixture
+def bob(server):
+    with SessionClient(server.address, api_key=BOB) as c:
+        yield c
+
+
+def expect(code: grpc.StatusCode, fn, *args, **kwargs) -> grpc.RpcError:
+    err = rpc_error(fn, *args, **kwargs)
+    assert err.code() == code, f"expected {code}, got {err.code()}: {err.details()}"
+    assert err.details() and err.details().strip(), f"{code} without a message"
+    return err
+
+
+def test_not_found(server, alice):
+    unknown = secrets.token_hex(16)
+    expect(Code.NOT_FOUND, alice.generate, unknown, tokens=[1, 2, 3], max_new_tokens=2)
+    expect(Code.NOT_FOUND, alice.sessions.GetSession, pb.GetSessionRequest(session_id=unknown),
+           metadata=alice.metadata)
+    s = alice.open()
+    run_turn(s.generate(tokens=[1, 2, 3], max_new_tokens=2))
+    assert s.close() is True
+    expect(Code.NOT_FOUND, s.generate, tokens=[4, 5], max_new_tokens=2)
+    expect(Code.NOT_FOUND, alice.sessions.GetSession, pb.GetSessionRequest(session_id=s.id),
+           metadata=alice.metadata)
+    server.wait_at_capacity()
+
+
+def test_invalid_argument(server, alice):
+    vocab = 384  # tiny-bamba
+    with alice.open() as s:
+        expect(Code.INVALID_ARGUMENT, s.generate, tokens=[1, vocab + 10], max_new_tokens=2)
+        expect(Code.INVALID_ARGUMENT, s.generate, tokens=[-1], max_new_tokens=2)
+        expect(Code.INVALID_ARGUMENT, s.generate, tokens=[1], temperature=-0.5)
+        expect(Code.INVALID_ARGUMENT, s.generate, tokens=[1], top_p=1.5)
+        expect(Code.INVALID_ARGUMENT, alice.generate, "", tokens=[1], max_new_tokens=2)
+        expect(Code.INVALID_ARGUMENT, alice.sessions.GetSession, pb.GetSessionRequest(),
+               metadata=alice.metadata)
+        expect(Code.INVALID_ARGUMENT, alice.sessions.OpenSession,
+               pb.OpenSessionRequest(idle_timeout_s=-1), metadata=alice.metadata)
+        # none of the refusals touched the session: a valid turn still runs from scratch
+        ids, reason, committed = run_turn(s.generate(tokens=[1, 2], max_new_tokens=3))
+        assert len(ids) == 3 and reason == pb.FINISH_REASON_LENGTH and committed == 5
+    first = pb.ConverseRequest(input=generate_request(tokens=[1, 2], max_new_tokens=2))
+    expect(Code.INVALID_ARGUMENT, alice.sessions.Converse, iter([first]),
+           metadata=alice.metadata, timeout=30)
+    server.wait_at_capacity()
+
+
+def test_out_of_range(server, alice):
+    limit = server.config.max_context
+    with alice.open() as s:
+        err = expect(Code.OUT_OF_RANGE, s.generate, tokens=[1] * 20, max_new_tokens=limit)
+        assert str(limit) in err.details()
+        expect(Code.OUT_OF_RANGE, s.generate, tokens=[1] * (limit + 1), max_new_tokens=0)
+        _, _, committed = run_turn(s.generate(tokens=[1] * 400, max_new_tokens=limit - 400))
+        assert committed == limit  # exactly fits; now nothing more does
+        expect(Code.OUT_OF_RANGE, s.generate, tokens=[1], max_new_tokens=0)
+    server.wait_at_capacity()
+
+
+def test_failed_precondition_while_a_turn_runs(server, alice):
+    with alice.open() as s:
+        long_turn = s.generate(tokens=[1, 2, 3], max_new_tokens=300, timeout=60)
+        first = next(long_turn)
+        expect(Code.FAILED_PRECONDITION, s.generate, tokens=[4], max_new_tokens=2)
+        # the turn in flight is unharmed by the refused one and runs to its end
+        ids, reason, committed = run_turn(long_turn)
+        assert len(first.token_ids) + len(ids) == 300
+        assert reason == pb.FINISH_REASON_LENGTH and committed == 303
+    server.wait_at_capacity()
+
+
+def test_resource_exhausted(server, alice):
+    capacity = server.config.replicas * server.config.max_sessions
+    sessions = [alice.open() for _ in range(capacity)]
+    err = expect(Code.RESOURCE_EXHAUSTED, alice.open)
+    assert "room" in err.details()
+    for s in sessions:
+        s.close()
+    server.wait_at_capacity()
+
+
+def test_unauthenticated(server, alice):
+    with SessionClient(server.address) as anonymous, \
+            SessionClient(server.address, api_key="not-a-key") as stranger:
+        for c in (anonymous, stranger):
+            expect(Code.UNAUTHENTICATED, c.open)
+            expect(Code.UNAUTHENTICATED, c.replicas)
+        with alice.open() as s:
+            for c in (anonymous, stranger):
+                expect(Code.UNAUTHENTICATED, c.generate, s.id, tokens=[1], max_new_tokens=2)
+                expect(Code.UNAUTHENTICATED, c.close_session, s.id)
+                expect(Code.UNAUTHENTICATED, c.sessions.Converse,
+                       iter([pb.ConverseRequest(open=pb.OpenSessionRequest())]), timeout=30)
+            run_turn(s.generate(tokens=[1], max_new_tokens=2))  # still alice's, still open
+    server.wait_at_capacity()
+
+
+def test_permission_denied(server, alice, bob):
+    with alice.open() as s:
+        expect(Code.PERMISSION_DENIED, bob.generate, s.id, tokens=[1], max_new_tokens=2)
+        expect(Code.PERMISSION_DENIED, bob.sessions.GetSession,
+               pb.GetSessionRequest(session_id=s.id), metadata=bob.metadata)
+        expect(Code.PERMISSION_DENIED, bob.close_session, s.id)
+        ids, _, committed = run_turn(s.generate(tokens=[1], max_new_tokens=2))
+        assert committed == 3, "bob's refused calls changed alice's session"
+    server.wait_at_capacity()
+
+
+def test_close_is_idempotent_and_get_session_reports_committed(server, alice):
+    s = alice.open()
+    got = alice.sessions.GetSession(pb.GetSessionRequest(session_id=s.id),
+                                    metadata=alice.metadata)
+    assert (got.committed_tokens, got.turn_running) == (0, False)
+    assert got.replica_id == s.replica_id and got.max_context_tokens == server.config.max_context
+    _, _, committed = run_turn(s.generate(tokens=[5, 6, 7, 8], max_new_tokens=6))
+    got = alice.sessions.GetSession(pb.GetSessionRequest(session_id=s.id),
+                                    metadata=alice.metadata)
+    assert got.committed_tokens == committed == 10
+    assert alice.close_session(s.id) is True
+    assert alice.close_session(s.id) is False
+    assert alice.close_session(secrets.token_hex(16)) is False
+    server.wait_at_capacity()
+
+
+def test_health_and_reflection(server):
+    with grpc.insecure_channel(server.address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "session_router.v1.SessionService",
+                        "session_router.v1.AdminService"):
+            reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING, service
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        request = reflection_pb2.ServerReflectionRequest(list_services="")
+        (reply,) = list(stub.ServerReflectionInfo(iter([request]), timeout=10))
+        names = {s.name for s in reply.list_services_response.service}
+    assert {"session_router.v1.SessionService", "session_router.v1.AdminService",
+            "grpc.health.v1.Health"} <= names
+    server.assert_no_leaks(at_capacity=True)
+
+
+def test_converse_refused_input_ends_stream_and_releases(server, alice):
+    """A refused input in a Converse ends the stream with its code; the session is released."""
+    q: queue.Queue = queue.Queue()
+
+    def requests():
+        yield pb.ConverseRequest(open=pb.OpenSessionRequest())
+        while (item := q.get()) is not None:
+            yield item
+
+    call = alice.sessions.Converse(requests(), metadata=alice.metadata, timeout=30)
+    opened = next(call).opened
+    q.put(pb.ConverseRequest(input=generate_request(tokens=[1, 10_000], max_new_tokens=2)))
+    try:
+        for _ in call:
+            pass
+    except grpc.RpcError as exc:
+        assert exc.code() == Code.INVALID_ARGUMENT and exc.details()
+    else:
+        raise AssertionError("a refused input did not end the stream")
+    finally:
+        q.put(None)
+    wait_for(lambda: opened.session_id not in server.sessions_on()[opened.replica_id], 2.0,
+             what="the Converse session to be released")
+    server.wait_at_capacity()
+
+
+def test_aborted_after_the_replica_died(server, alice):
+    """Runs last: it kills one of the module's replicas."""
+    sessions = [alice.open() for _ in range(4)]
+    victim = sessions[0].replica_id
+    for s in sessions:
+        run_turn(s.generate(tokens=[1, 2], max_new_tokens=2))
+    ray.kill(server.replicas[victim], no_restart=True)
+    doomed = [s for s in sessions if s.replica_id == victim]
+    for s in doomed:
+        err = expect(Code.ABORTED, s.generate, tokens=[3], max_new_tokens=2)
+        assert "open a new session" in err.details()
+    # the router knows too: a second try, and GetSession, are ABORTED as well
+    expect(Code.ABORTED, doomed[0].generate, tokens=[3], max_new_tokens=2)
+    expect(Code.ABORTED, alice.sessions.GetSession, pb.GetSessionRequest(session_id=doomed[0].id),
+           metadata=alice.metadata)
+    survivors = [r for r in server.replicas if r != victim]
+    for s in sessions:
+        if s.replica_id != victim:
+            run_turn(s.generate(tokens=[3], max_new_tokens=2))
+        s.close()
+    wait_for(lambda: any(r.replica_id == victim and r.state == pb.REPLICA_STATE_DEAD
+                         for r in alice.replicas()), 10, 0.2, "the replica to be marked DEAD")
+    server.wait_at_capacity(survivors)
