@@ -12,6 +12,7 @@ the sessions they hold when their next snapshot report is not recognised.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 import time
@@ -68,6 +69,7 @@ class SessionRouter:
         self.sessions: dict[str, SessionEntry] = {}
         self.aborted: OrderedDict[str, str] = OrderedDict()  # session -> dead replica
         self._room = asyncio.Condition()
+        self._opening: dict[str, asyncio.Future] = {}  # opens in flight, by session id
         self._health_task: asyncio.Task | None = None
 
     def _start(self) -> None:
@@ -173,9 +175,34 @@ class SessionRouter:
     # ----- sessions -----------------------------------------------------------------------
 
     async def open_session(self, idle_timeout_s: float = 0.0, tenant: str = "",
-                           gateway_id: str = "") -> Route | ActorError:
-        """Place a new session; waits up to ``open_timeout_s`` for room."""
+                           gateway_id: str = "", session_id: str = "") -> Route | ActorError:
+        """Place a new session; waits up to ``open_timeout_s`` for room.
+
+        Idempotent per ``session_id`` (the caller may choose it, 128-bit random): a retry of an
+        open that already ran, or is running, returns the same session instead of a second one.
+        """
         self._start()
+        session_id = session_id or secrets.token_hex(16)
+        if session_id in self._opening:
+            return await asyncio.shield(self._opening[session_id])
+        if session_id in self.sessions:
+            route = await self.route(session_id, tenant)
+            if isinstance(route, ActorError):
+                return route
+            info = await route.handle.get_session.remote(session_id)
+            return info if isinstance(info, ActorError) else dataclasses.replace(route, info=info)
+        opening = self._opening[session_id] = asyncio.get_running_loop().create_future()
+        try:
+            result = await self._place(session_id, idle_timeout_s, tenant, gateway_id)
+            opening.set_result(result)
+            return result
+        finally:
+            del self._opening[session_id]
+            if not opening.done():
+                opening.cancel()
+
+    async def _place(self, session_id: str, idle_timeout_s: float, tenant: str,
+                     gateway_id: str) -> Route | ActorError:
         deadline = time.monotonic() + self.open_timeout_s
         refused: dict[str, int] = {}
         while True:
@@ -183,7 +210,8 @@ class SessionRouter:
             reserved = {rid: e.reserved + refused.get(rid, 0) for rid, e in self.replicas.items()}
             replica_id = choose_replica(views, reserved)
             if replica_id is not None:
-                route = await self._open_on(replica_id, idle_timeout_s, tenant, gateway_id)
+                route = await self._open_on(replica_id, session_id, idle_timeout_s, tenant,
+                                            gateway_id)
                 if not isinstance(route, ActorError):
                     return route
                 if route.code != "RESOURCE_EXHAUSTED":
@@ -200,10 +228,9 @@ class SessionRouter:
                 pass
             refused.clear()
 
-    async def _open_on(self, replica_id: str, idle_timeout_s: float, tenant: str,
-                       gateway_id: str) -> Route | ActorError:
+    async def _open_on(self, replica_id: str, session_id: str, idle_timeout_s: float,
+                       tenant: str, gateway_id: str) -> Route | ActorError:
         entry = self.replicas[replica_id]
-        session_id = secrets.token_hex(16)  # 128-bit random
         entry.reserved += 1
         try:
             info = await entry.handle.open_session.remote(session_id, idle_timeout_s, gateway_id,

@@ -12,14 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
+import time
 import uuid
 from typing import Any
+
+from ray.exceptions import ActorUnavailableError, RayActorError
 
 from replica.outputs import ActorError, TurnEvent
 from router.actor import Route
 from router.views import ReplicaView
 
 log = logging.getLogger(__name__)
+
+ROUTER_RETRY_S = 15.0  # how long idempotent router calls wait out a router restart
 
 
 async def _logged(awaitable) -> None:
@@ -41,6 +47,19 @@ class Cluster:
         self._views_interval_s = views_interval_s
         self._views_task: asyncio.Task | None = None
 
+    async def ask_router(self, method: str, *args: Any, retry: bool = True) -> Any:
+        """Call the router; while it restarts (Ray brings it back), retry idempotent calls, and
+        answer UNAVAILABLE when it stays away or the call must not be repeated."""
+        deadline = time.monotonic() + (ROUTER_RETRY_S if retry else 0.0)
+        while True:
+            try:
+                return await getattr(self.router, method).remote(*args)
+            except (ActorUnavailableError, RayActorError) as exc:
+                if time.monotonic() >= deadline:
+                    return ActorError("UNAVAILABLE", "the session router is restarting or down "
+                                      f"({type(exc).__name__}); retry shortly")
+                await asyncio.sleep(0.2)
+
     def start(self) -> None:
         self._views_task = asyncio.get_running_loop().create_task(self._poll_views())
 
@@ -48,7 +67,9 @@ class Cluster:
         """Cache the router's views so a metrics scrape never calls an actor."""
         while True:
             try:
-                self.cached_views = await self.router.views.remote()
+                views = await self.ask_router("views", retry=False)
+                if not isinstance(views, ActorError):
+                    self.cached_views = views
             except Exception as exc:  # noqa: BLE001 - the router may be restarting
                 log.warning("could not read replica views from the router: %s", exc)
             await asyncio.sleep(self._views_interval_s)
@@ -63,7 +84,9 @@ class Cluster:
     # ----- routes -------------------------------------------------------------------------
 
     async def open(self, idle_timeout_s: float, tenant: str) -> Route | ActorError:
-        route = await self.router.open_session.remote(idle_timeout_s, tenant, self.gateway_id)
+        # the session id is chosen here so that a retried open is idempotent at the router
+        route = await self.ask_router("open_session", idle_timeout_s, tenant, self.gateway_id,
+                                      secrets.token_hex(16))
         if isinstance(route, Route):
             self.routes[route.session_id] = route
             self._ensure_pump(route)
@@ -72,15 +95,16 @@ class Cluster:
     async def route(self, session_id: str, tenant: str) -> Route | ActorError:
         route = self.routes.get(session_id)
         if route is None or route.tenant != tenant:  # another tenant: the router decides
-            route = await self.router.route.remote(session_id, tenant)
+            route = await self.ask_router("route", session_id, tenant)
             if isinstance(route, Route):
                 self.routes[session_id] = route
                 self._ensure_pump(route)
         return route
 
-    async def close(self, session_id: str, tenant: str, reason: str = "closed") -> bool | ActorError:
+    async def close(self, session_id: str, tenant: str,
+                    reason: str = "closed") -> bool | ActorError:
         self.routes.pop(session_id, None)
-        return await self.router.close_session.remote(session_id, tenant, reason)
+        return await self.ask_router("close_session", session_id, tenant, reason)
 
     async def release(self, route: Route, reason: str) -> None:
         """Release a session on its replica straight away (stream ended), then tell the router."""
@@ -89,7 +113,7 @@ class Cluster:
             await route.handle.close_sessions.remote([route.session_id], reason)
         except Exception as exc:  # noqa: BLE001 - the replica is gone; so is the session
             log.warning("release of %s failed: %s", route.session_id, exc)
-        await self.router.forget.remote([route.session_id])
+        await self.ask_router("forget", [route.session_id])
 
     # ----- output pumps ---------------------------------------------------------------------
 
@@ -135,7 +159,7 @@ class Cluster:
                     f"the replica of session {sid} died and its state is gone; open a new "
                     "session")))
         try:
-            await self.router.replica_failed.remote(replica_id, why)
+            await self.ask_router("replica_failed", replica_id, why)
         except Exception as exc:  # noqa: BLE001
             log.warning("could not report replica %s to the router: %s", replica_id, exc)
 

@@ -208,7 +208,7 @@ class AdminService(pb_grpc.AdminServiceServicer):
     async def ListReplicas(self, request, context):
         async def body():
             self.gw.tenant(context)
-            views = await self.gw.cluster.router.views.remote()
+            views = check(await self.gw.cluster.ask_router("views"))
             return pb.ListReplicasResponse(replicas=[replica_to_proto(v) for v in views])
 
         return await run_rpc(self.gw, "ListReplicas", context, body)
@@ -216,7 +216,7 @@ class AdminService(pb_grpc.AdminServiceServicer):
     async def DrainReplica(self, request, context):
         async def body():
             self.gw.tenant(context)
-            view = check(await self.gw.cluster.router.drain.remote(request.replica_id))
+            view = check(await self.gw.cluster.ask_router("drain", request.replica_id))
             return pb.DrainReplicaResponse(replica=replica_to_proto(view))
 
         return await run_rpc(self.gw, "DrainReplica", context, body)

@@ -116,3 +116,34 @@ def test_router_detects_a_silent_death(server):
         assert s.close() is True
     server.wait_at_capacity(alive)
     client.close()
+
+
+def test_router_restart_rebuilds_the_session_table(server):
+    """The router actor dies and Ray restarts it empty: the replicas re-register with the sessions
+    they hold, so those sessions stay routable and closable, and placement works again."""
+    client = SessionClient(server.address)
+    alive = [r.replica_id for r in client.replicas() if r.state == pb.REPLICA_STATE_HEALTHY]
+    sessions = [client.open() for _ in range(4)]
+    for s in sessions:
+        run_turn(s.generate(tokens=[3, 1, 4], max_new_tokens=2))
+    router = server.server.router
+    ray.kill(router, no_restart=False)  # Ray restarts it (max_restarts=-1) with an empty table
+
+    def rebuilt() -> bool:
+        try:
+            pinned = sum(v.sessions_pinned for v in ray.get(router.views.remote(), timeout=5))
+        except Exception:  # noqa: BLE001 - still restarting
+            return False
+        return pinned == len(sessions)
+
+    wait_for(rebuilt, 30, 0.2, "the restarted router to rebuild its session table")
+    for s in sessions:  # routable through the router (GetSession) and still holding their state
+        assert client.sessions.GetSession(pb.GetSessionRequest(session_id=s.id)).committed_tokens \
+            == 5
+        run_turn(s.generate(tokens=[1], max_new_tokens=1))
+    fresh = client.open()
+    assert fresh.replica_id in alive
+    for s in [*sessions, fresh]:
+        assert s.close() is True
+    server.wait_at_capacity(alive)
+    client.close()
