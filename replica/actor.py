@@ -171,7 +171,7 @@ class ReplicaActor:
         while True:
             batch = await queue.get()
             while not queue.empty():  # coalesce steps the gateway has not taken yet
-                batch = batch + queue.get_nowait()
+                batch.extend(queue.get_nowait())
             yield batch
 
     async def shutdown(self) -> None:

@@ -259,23 +259,9 @@ class SessionRouter:
         entry = self.replicas[session.replica_id]
         return Route(session_id, session.replica_id, entry.handle, tenant=session.tenant)
 
-    async def close_session(self, session_id: str, tenant: str = "",
-                            reason: str = "closed") -> bool | ActorError:
-        """Release a session on its replica. Idempotent: False when it was not open."""
-        route = await self.route(session_id, tenant)
-        if isinstance(route, ActorError):
-            return False if route.code in ("NOT_FOUND", "ABORTED") else route
-        try:
-            (was_open,) = await route.handle.close_sessions.remote([session_id], reason)
-        except Exception as exc:  # noqa: BLE001
-            await self.replica_failed(route.replica_id, f"close failed: {exc}")
-            return False
-        self._forget([session_id])
-        await self._notify_room()
-        return was_open
-
     async def forget(self, session_ids: list[str]) -> None:
-        """Gateways report sessions they released on the replica directly (stream ends)."""
+        """Gateways release sessions on their replica directly (close, stream end), then report
+        them here so the table and the room for new sessions follow at once."""
         self._forget(session_ids)
         await self._notify_room()
 

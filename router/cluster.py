@@ -11,6 +11,7 @@ ABORTED event, so no client hangs on a turn that will never end.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 import time
@@ -33,6 +34,22 @@ async def _logged(awaitable) -> None:
         await awaitable
     except Exception as exc:  # noqa: BLE001 - cleanup of a replica that may be gone
         log.warning("background cleanup failed: %s", exc)
+
+
+async def next_turn_event(inbox: asyncio.Queue, turn_id: int) -> TurnEvent:
+    """The next event of turn ``turn_id`` (or of the replica's loss), merged with the events of
+    that turn already queued behind it: a client that falls behind gets fewer, larger chunks."""
+    event: TurnEvent | None = None
+    while event is None or (not event.finished and not inbox.empty()):
+        item = await inbox.get()  # does not wait once ``event`` is set: the queue is not empty
+        if item.turn_id not in (turn_id, -1):
+            continue  # a stale event of an earlier turn
+        if event is None or item.error_code is not None:
+            event = item
+        else:
+            event = dataclasses.replace(item, token_ids=event.token_ids + item.token_ids,
+                                        text=event.text + item.text)
+    return event
 
 
 class Cluster:
@@ -103,17 +120,24 @@ class Cluster:
 
     async def close(self, session_id: str, tenant: str,
                     reason: str = "closed") -> bool | ActorError:
-        self.routes.pop(session_id, None)
-        return await self.ask_router("close_session", session_id, tenant, reason)
+        """Close on the session's replica directly (one hop), then tell the router. The route
+        lookup checks the tenant; an unknown or lost session was not open."""
+        route = await self.route(session_id, tenant)
+        if isinstance(route, ActorError):
+            return False if route.code in ("NOT_FOUND", "ABORTED") else route
+        return await self.release(route, reason)
 
-    async def release(self, route: Route, reason: str) -> None:
-        """Release a session on its replica straight away (stream ended), then tell the router."""
+    async def release(self, route: Route, reason: str) -> bool:
+        """Release a session on its replica straight away, then tell the router; returns whether
+        it was open."""
         self.routes.pop(route.session_id, None)
         try:
-            await route.handle.close_sessions.remote([route.session_id], reason)
+            (was_open,) = await route.handle.close_sessions.remote([route.session_id], reason)
         except Exception as exc:  # noqa: BLE001 - the replica is gone; so is the session
             log.warning("release of %s failed: %s", route.session_id, exc)
+            was_open = False
         await self.ask_router("forget", [route.session_id])
+        return was_open
 
     # ----- output pumps ---------------------------------------------------------------------
 

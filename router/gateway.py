@@ -23,7 +23,7 @@ from replica.errors import InvalidRequestError
 from replica.outputs import ActorError, TurnEvent
 from router.actor import Route
 from router.auth import ApiKeys, Unauthenticated
-from router.cluster import Cluster
+from router.cluster import Cluster, next_turn_event
 from router.converse import Conversation
 from router.convert import (
     chunk_from_event,
@@ -164,9 +164,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
             turn_id = await self.gw.submit(route, request)
             first = True
             while not finished:
-                event = await inbox.get()
-                if event.turn_id not in (turn_id, -1):
-                    continue  # a stale event of an earlier turn
+                event = await next_turn_event(inbox, turn_id)
                 finished = event.finished
                 yield self.gw.chunk(event, started, first)
                 first = False

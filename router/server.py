@@ -111,7 +111,8 @@ class Server:
         from replica.actor import ReplicaActor
 
         cfg = self.config
-        threads = max(1, (os.cpu_count() or 1) // count) if cfg.replica_gpus == 0 else 1
+        # CPU replicas share the cores; one is left to the gateway, the router and Ray.
+        threads = max(1, ((os.cpu_count() or 1) - 1) // count) if cfg.replica_gpus == 0 else 1
         first = len(self.replicas)
         ids = [f"replica-{i}" for i in range(first, first + count)]
         for replica_id in ids:
