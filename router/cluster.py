@@ -136,7 +136,7 @@ class Cluster:
         except Exception as exc:  # noqa: BLE001 - the replica is gone; so is the session
             log.warning("release of %s failed: %s", route.session_id, exc)
             was_open = False
-        await self.ask_router("forget", [route.session_id])
+        self.background(self.ask_router("forget", [route.session_id]))  # off the reply's path
         return was_open
 
     # ----- output pumps ---------------------------------------------------------------------
