@@ -16,39 +16,13 @@ from tests.engine_helpers import (
     run_turn,
     token_ids,
 )
-
-transformers = pytest.importorskip("transformers")
-
-VOCAB = 384
+from tests.hf_peer import tiny_hf_bamba
 
 
 @pytest.fixture(scope="module")
 def peer(tmp_path_factory):
     """A tiny random HF Bamba saved with ``save_pretrained``; returns (hf model, path)."""
-    torch.manual_seed(7)
-    cfg = transformers.BambaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        attn_layer_indices=[1, 3],
-        mamba_n_heads=8,
-        mamba_d_head=16,
-        mamba_n_groups=1,
-        mamba_d_state=16,
-        mamba_chunk_size=16,
-        initializer_range=0.05,
-        eos_token_id=None,
-        pad_token_id=None,
-        bos_token_id=None,
-    )
-    hf = transformers.BambaForCausalLM(cfg).eval()
-    with torch.no_grad():  # move norms, D, dt_bias, A_log off their constant inits
-        for p in hf.parameters():
-            if p.dim() == 1:
-                p.add_(0.1 * torch.randn_like(p))
+    hf = tiny_hf_bamba(seed=7)
     path = tmp_path_factory.mktemp("bamba-peer")
     hf.save_pretrained(str(path))
     return hf, str(path)

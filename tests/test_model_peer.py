@@ -5,46 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
-
-from replica.model import LayerBuffers, load_model  # noqa: E402
-
-VOCAB = 384
-
-
-def _hf_model(n_groups: int, tied: bool, seed: int):
-    torch.manual_seed(seed)
-    hf_cfg = transformers.BambaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        attn_layer_indices=[1, 3],
-        mamba_n_heads=8,
-        mamba_d_head=16,
-        mamba_n_groups=n_groups,
-        mamba_d_state=16,
-        mamba_chunk_size=16,
-        initializer_range=0.05,
-        tie_word_embeddings=tied,
-        eos_token_id=None,
-        pad_token_id=None,
-        bos_token_id=None,
-    )
-    model = transformers.BambaForCausalLM(hf_cfg).eval()
-    with torch.no_grad():  # move norms, D, dt_bias, A_log, biases off their constant inits
-        for _, p in model.named_parameters():
-            if p.dim() == 1:
-                p.add_(0.1 * torch.randn_like(p))
-    return model
+from replica.model import LayerBuffers, load_model
+from tests.hf_peer import VOCAB, tiny_hf_bamba
 
 
 @pytest.fixture(scope="module", params=[(1, False), (2, True)], ids=["g1", "g2-tied"])
 def pair(request, tmp_path_factory):
     n_groups, tied = request.param
-    hf = _hf_model(n_groups, tied, seed=n_groups)
+    hf = tiny_hf_bamba(n_groups, tied, seed=n_groups)
     path = tmp_path_factory.mktemp(f"bamba-{n_groups}")
     hf.save_pretrained(str(path))
     cfg, ours, _ = load_model(str(path))
