@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -152,51 +152,72 @@ class SessionService(pb_grpc.SessionServiceServicer):
 
         return await run_rpc(self.gw, "CloseSession", context, body)
 
+    # grpc.aio serves a streaming method only when it is an async generator function itself.
     async def Generate(self, request, context) -> AsyncIterator[pb.GenerateChunk]:
-        started, code, finished = time.perf_counter(), "OK", False
-        cluster, route, turn_id, inbox = self.gw.cluster, None, None, None
-        try:
-            route = await self.gw.route(request.session_id, self.gw.tenant(context))
-            inbox = cluster.claim_inbox(route.session_id)
-            if inbox is None:
-                raise Refused("FAILED_PRECONDITION", f"session {route.session_id} already has "
-                              "a turn running; wait for its last chunk or interrupt it")
-            turn_id = await self.gw.submit(route, request)
-            first = True
-            while not finished:
-                event = await next_turn_event(inbox, turn_id)
-                finished = event.finished
-                yield self.gw.chunk(event, started, first)
-                first = False
-        except Refused as exc:
-            code = exc.code
-            await context.abort(status_code(exc.code), str(exc))
-        except asyncio.CancelledError:
-            code = "CANCELLED"
-            raise
-        finally:
-            if inbox is not None:
-                cluster.drop_inbox(route.session_id, inbox)
-                if turn_id is not None and not finished and code != "ABORTED":
-                    cluster.background(route.handle.cancel.remote(
-                        route.session_id, "the client cancelled the call", turn_id))
-            self.gw.metrics.observe_rpc("Generate", code, time.perf_counter() - started)
+        call = GenerateCall(self.gw, request, context)
+        async for chunk in run_stream(self.gw, "Generate", context, call.run(), call.end):
+            yield chunk
 
     async def Converse(self, request_iterator, context) -> AsyncIterator[pb.ConverseResponse]:
-        started, code = time.perf_counter(), "OK"
         conversation = Conversation(self.gw, request_iterator, context)
-        try:
-            async for response in conversation.run():
-                yield response
-        except Refused as exc:
-            code = exc.code
-            await context.abort(status_code(exc.code), str(exc))
-        except asyncio.CancelledError:
-            code = "CANCELLED"
-            raise
-        finally:
-            conversation.end()
-            self.gw.metrics.observe_rpc("Converse", code, time.perf_counter() - started)
+        async for response in run_stream(self.gw, "Converse", context, conversation.run(),
+                                         lambda code: conversation.end()):
+            yield response
+
+
+class GenerateCall:
+    """One turn streamed to one client. If the call ends before the turn's last chunk (client
+    cancel, deadline), the turn is cancelled on the replica, which rolls the session back."""
+
+    def __init__(self, gateway: Gateway, request: pb.GenerateRequest, context) -> None:
+        self.gw, self.request, self.context = gateway, request, context
+        self.route: Route | None = None
+        self.inbox: asyncio.Queue | None = None
+        self.turn_id: int | None = None
+        self.finished = False
+
+    async def run(self) -> AsyncIterator[pb.GenerateChunk]:
+        cluster, started = self.gw.cluster, time.perf_counter()
+        route = self.route = await self.gw.route(self.request.session_id,
+                                                 self.gw.tenant(self.context))
+        self.inbox = cluster.claim_inbox(route.session_id)
+        if self.inbox is None:
+            raise Refused("FAILED_PRECONDITION", f"session {route.session_id} already has a turn "
+                          "running; wait for its last chunk or interrupt it")
+        self.turn_id = await self.gw.submit(route, self.request)
+        first = True
+        while not self.finished:
+            event = await next_turn_event(self.inbox, self.turn_id)
+            self.finished = event.finished
+            yield self.gw.chunk(event, started, first)
+            first = False
+
+    def end(self, code: str) -> None:
+        if self.inbox is None:
+            return
+        self.gw.cluster.drop_inbox(self.route.session_id, self.inbox)
+        if self.turn_id is not None and not self.finished and code != "ABORTED":
+            self.gw.cluster.background(self.route.handle.cancel.remote(
+                self.route.session_id, "the client cancelled the call", self.turn_id))
+
+
+async def run_stream(gateway: Gateway, method: str, context, stream: AsyncIterator,
+                     on_end: Callable[[str], None]) -> AsyncIterator:
+    """Relay a streaming body, mapping ``Refused`` to its status; ``on_end(code)`` runs however
+    the call ends (also when the client cancels), then the call is counted."""
+    started, code = time.perf_counter(), "OK"
+    try:
+        async for item in stream:
+            yield item
+    except Refused as exc:
+        code = exc.code
+        await context.abort(status_code(exc.code), str(exc))
+    except asyncio.CancelledError:
+        code = "CANCELLED"
+        raise
+    finally:
+        on_end(code)
+        gateway.metrics.observe_rpc(method, code, time.perf_counter() - started)
 
 
 class AdminService(pb_grpc.AdminServiceServicer):
