@@ -20,6 +20,8 @@ fi
 stamp=".venv/.installed$extras"
 if [ ! -f "$stamp" ] || [ constraints.txt -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "[setup] installing session-router$extras (pinned by constraints.txt; torch is the CPU build)"
-  .venv/bin/pip install --quiet --disable-pip-version-check -c constraints.txt -e ".$extras"
+  # (some machines' pip configs add local indexes that pip warns about once per package)
+  .venv/bin/pip install --quiet --disable-pip-version-check -c constraints.txt -e ".$extras" \
+    2> >(grep -v "Location 'file:.*' is ignored" >&2)
   touch "$stamp"
 fi
