@@ -38,7 +38,8 @@ def pool_table(replicas: list[pb.ReplicaInfo]) -> str:
              f"{'held':>7}{'leaked':>8}   sessions"]
     for info in replicas:
         for i, p in enumerate(info.pools):
-            sessions = f"{info.sessions} held / {info.sessions_pinned} pinned" if i == 0 else ""
+            sessions = (f"{info.sessions} held (snapshot {info.snapshot_age_s:.1f} s old) / "
+                        f"{info.sessions_pinned} pinned now") if i == 0 else ""
             lines.append(f"{info.replica_id if i == 0 else '':<11}{p.pool:<10}{p.capacity:>9}"
                          f"{p.free:>7}{p.in_use:>8}{p.session_held:>7}{p.leaked:>8}   {sessions}")
     return "\n".join(lines)
