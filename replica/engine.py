@@ -21,8 +21,6 @@ from collections.abc import Sequence
 from replica.accounting import InvariantChecker, PoolSnapshot, count_pools
 from replica.config import ReplicaConfig
 from replica.errors import (
-    ContextOverflowError,
-    InvalidRequestError,
     ReplicaDrainingError,
     TurnRunningError,
 )
@@ -34,6 +32,7 @@ from replica.request import FinishReason, Req, SamplingParams
 from replica.sampling import make_generator, sample
 from replica.scheduler import Scheduler, input_left
 from replica.session import SessionSlot, StreamingSession
+from replica.turn_check import check_turn
 
 log = logging.getLogger(__name__)
 
@@ -111,25 +110,8 @@ class Engine:
                 f"session {session_id} already has a turn running; wait for "
                 "its last chunk or interrupt it"
             )
-        vocab = self.config.model.vocab_size
-        bad = [t for t in input_ids if not 0 <= t < vocab]
-        if bad:
-            raise InvalidRequestError(
-                f"token ids {bad[:8]} are outside the vocabulary 0..{vocab - 1}"
-            )
-        if not input_ids and not slot.pending_ids and sampling.max_new_tokens > 0:
-            raise InvalidRequestError("empty input: give text or tokens to generate from")
-        bad_stop = [t for t in sampling.stop_token_ids if not 0 <= t < vocab]
-        if bad_stop:
-            raise InvalidRequestError(f"stop token ids {bad_stop[:8]} are outside the vocabulary")
-        total = slot.committed_tokens + len(input_ids) + sampling.max_new_tokens
-        limit = self.config.pools.max_context
-        if total > limit:
-            raise ContextOverflowError(
-                f"turn would exceed the context: {slot.committed_tokens} committed + "
-                f"{len(input_ids)} input + {sampling.max_new_tokens} new tokens > {limit}; "
-                "shorten the input, lower max_new_tokens or open a new session"
-            )
+        check_turn(slot, input_ids, sampling, self.config.model.vocab_size,
+                   self.config.pools.max_context)
         req = Req(session_id, list(input_ids), sampling)
         if not input_ids and not slot.pending_ids:
             # Nothing to fold and nothing to generate: the turn is done (it would never be
