@@ -82,7 +82,12 @@ class Scheduler:
                 continue
             self.waiting.popleft()
             self.sessions.restore_to_req(req)
-            kv.extend(self.pool.req_to_token, req.req_pool_idx, req.kv_len, target)
+            try:
+                kv.extend(self.pool.req_to_token, req.req_pool_idx, req.kv_len, target)
+            except PoolExhaustedError as err:  # checked above; never leave the turn half-started
+                self.sessions.rollback(req)
+                refused.append((req, err))
+                continue
             req.kv_len = target
             self.running.append(req)
         return refused

@@ -16,6 +16,7 @@ import logging
 import secrets
 import time
 import uuid
+from collections import OrderedDict
 from typing import Any
 
 from ray.exceptions import ActorUnavailableError, RayActorError
@@ -26,6 +27,7 @@ from router.views import ReplicaView
 
 log = logging.getLogger(__name__)
 
+ROUTE_CACHE_SIZE = 100_000
 ROUTER_RETRY_S = 15.0  # how long idempotent router calls wait out a router restart
 
 
@@ -34,6 +36,24 @@ async def _logged(awaitable) -> None:
         await awaitable
     except Exception as exc:  # noqa: BLE001 - cleanup of a replica that may be gone
         log.warning("background cleanup failed: %s", exc)
+
+
+class RouteCache(OrderedDict):
+    """Routes of recently used sessions, least recently used first. Bounded: sessions released
+    behind the gateway's back (idle timeouts) fall out; a miss costs one router call."""
+
+    def __getitem__(self, session_id: str) -> Route:
+        self.move_to_end(session_id)
+        return super().__getitem__(session_id)
+
+    def get(self, session_id: str, default=None):
+        return self[session_id] if session_id in self else default
+
+    def __setitem__(self, session_id: str, route: Route) -> None:
+        super().__setitem__(session_id, route)
+        self.move_to_end(session_id)
+        while len(self) > ROUTE_CACHE_SIZE:
+            self.popitem(last=False)
 
 
 async def next_turn_event(inbox: asyncio.Queue, turn_id: int) -> TurnEvent:
@@ -56,7 +76,7 @@ class Cluster:
     def __init__(self, router: Any, views_interval_s: float = 1.0) -> None:
         self.router = router
         self.gateway_id = f"gw-{uuid.uuid4().hex[:12]}"
-        self.routes: dict[str, Route] = {}
+        self.routes: RouteCache = RouteCache()
         self.inboxes: dict[str, asyncio.Queue] = {}
         self._pumps: dict[str, asyncio.Task] = {}
         self._tasks: set[asyncio.Task] = set()
