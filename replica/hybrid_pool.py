@@ -12,8 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
-import torch
-
 from replica.config import ModelConfig, PoolConfig
 from replica.errors import PoolExhaustedError
 from replica.kv_pool import KVTokenPool
@@ -96,6 +94,3 @@ class HybridReqToTokenPool(ReqToTokenPool):
         self.mamba_pool.check_integrity()
         self.kv_pool.check_integrity()
 
-
-def as_index(values: Sequence[int], device: str) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int64, device=device)
