@@ -87,14 +87,23 @@ class SessionRouter:
                                snapshot: PoolSnapshot | None = None) -> None:
         """Add or refresh a replica, adopting the sessions it says it holds."""
         self._start()
+        tenants = session_tenants if isinstance(session_tenants, dict) else \
+            dict.fromkeys(session_tenants, "")
         entry = self.replicas.get(replica_id)
+        fenced = entry is not None and entry.health == ReplicaHealth.DEAD and \
+            entry.desc.incarnation == desc.incarnation
+        if fenced and tenants:
+            # Declared dead (its clients were told ABORTED) but alive after all: its sessions
+            # must not come back, so the replica releases them and rejoins empty.
+            log.warning("replica %s came back after it was declared dead; releasing its %d "
+                        "sessions", replica_id, len(tenants))
+            await handle.close_sessions.remote(list(tenants), "replica_lost")
+            tenants = {}
         if entry is None or entry.desc.incarnation != desc.incarnation:
             entry = self.replicas[replica_id] = ReplicaEntry(handle, desc)
         entry.handle, entry.health = handle, ReplicaHealth.HEALTHY
         if snapshot is not None:
             entry.snapshot, entry.reported_at, entry.reserved = snapshot, time.monotonic(), 0
-        tenants = session_tenants if isinstance(session_tenants, dict) else \
-            dict.fromkeys(session_tenants, "")
         now = time.monotonic()
         for sid, tenant in tenants.items():
             self.sessions[sid] = SessionEntry(replica_id, tenant, now)

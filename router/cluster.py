@@ -23,7 +23,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 
 from replica.outputs import ActorError, TurnEvent
 from router.actor import Route
-from router.views import ReplicaView
+from router.views import ReplicaHealth, ReplicaView
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,7 @@ class Cluster:
         self._pumps: dict[str, asyncio.Task] = {}
         self._tasks: set[asyncio.Task] = set()
         self.cached_views: list[ReplicaView] = []
+        self._dead: set[str] = set()  # replicas the router has declared dead
         self._views_interval_s = views_interval_s
         self._views_task: asyncio.Task | None = None
 
@@ -107,6 +108,10 @@ class Cluster:
                 views = await self.ask_router("views", retry=False)
                 if not isinstance(views, ActorError):
                     self.cached_views = views
+                    dead = {v.replica_id for v in views if v.health == ReplicaHealth.DEAD}
+                    for replica_id in dead - self._dead:  # the router's verdict is final here
+                        self._abort_sessions_of(replica_id)
+                    self._dead = dead
             except Exception as exc:  # noqa: BLE001 - the router may be restarting
                 log.warning("could not read replica views from the router: %s", exc)
             await asyncio.sleep(self._views_interval_s)
@@ -194,6 +199,12 @@ class Cluster:
             await self._replica_lost(replica_id, f"output stream broke: {type(exc).__name__}")
 
     async def _replica_lost(self, replica_id: str, why: str) -> None:
+        """This gateway saw a replica fail: abort its sessions here and tell the router."""
+        self._abort_sessions_of(replica_id)
+        await self.ask_router("replica_failed", replica_id, why)
+
+    def _abort_sessions_of(self, replica_id: str) -> None:
+        """Drop the routes to a dead replica; streaming calls on its sessions end ABORTED."""
         lost = [sid for sid, r in self.routes.items() if r.replica_id == replica_id]
         for sid in lost:
             self.routes.pop(sid, None)
@@ -202,10 +213,6 @@ class Cluster:
                 queue.put_nowait(TurnEvent(sid, -1, error_code="ABORTED", error=(
                     f"the replica of session {sid} died and its state is gone; open a new "
                     "session")))
-        try:
-            await self.ask_router("replica_failed", replica_id, why)
-        except Exception as exc:  # noqa: BLE001
-            log.warning("could not report replica %s to the router: %s", replica_id, exc)
 
     async def stop(self) -> None:
         for task in [*self._pumps.values(), self._views_task]:

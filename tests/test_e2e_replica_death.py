@@ -147,3 +147,37 @@ def test_router_restart_rebuilds_the_session_table(server):
         assert s.close() is True
     server.wait_at_capacity(alive)
     client.close()
+
+
+def test_a_replica_declared_dead_by_mistake_rejoins_empty(server):
+    """A false alarm (say a long pause made its snapshots stale): the router declared a live
+    replica dead and told its sessions' clients ABORTED. When the replica reports again it is
+    fenced: it releases those sessions (reason replica_lost) and rejoins empty and healthy."""
+    client = SessionClient(server.address)
+    alive = [r.replica_id for r in client.replicas() if r.state == pb.REPLICA_STATE_HEALTHY]
+    sessions = [client.open() for _ in range(2 * len(alive))]
+    victim = sessions[0].replica_id
+    mine = [s for s in sessions if s.replica_id == victim]
+    ray.get(server.server.router.replica_failed.remote(victim, "false alarm in a test"))
+
+    def aborted(session) -> bool:  # the gateway follows the router's verdict within a poll
+        try:
+            run_turn(session.generate(tokens=[1], max_new_tokens=1))
+        except grpc.RpcError as exc:
+            return exc.code() == grpc.StatusCode.ABORTED
+        return False
+
+    for s in mine:
+        wait_for(lambda s=s: aborted(s), 5, 0.2, "calls on the dead replica's sessions to abort")
+
+    def rejoined() -> bool:
+        states = {r.replica_id: r.state for r in client.replicas()}
+        return states[victim] == pb.REPLICA_STATE_HEALTHY and not server.sessions_on([victim])[
+            victim] & {s.id for s in mine}
+
+    wait_for(rejoined, 15, 0.2, "the fenced replica to release its sessions and rejoin")
+    for s in sessions:
+        if s not in mine:
+            assert s.close() is True
+    server.wait_at_capacity(alive)
+    client.close()
