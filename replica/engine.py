@@ -160,8 +160,9 @@ class Engine:
         plan = self.scheduler.plan()
         if plan.decode:
             self._run(plan.decode, lambda: self.runner.decode(plan.decode), after_prefill=False)
-        for req, n in plan.prefill:
-            self._run([req], lambda req=req, n=n: self.runner.extend(req, n), after_prefill=True)
+        if plan.prefill:
+            reqs = [req for req, _ in plan.prefill]
+            self._run(reqs, lambda: self.runner.extend_batch(plan.prefill), after_prefill=True)
         if not self.has_work:
             self.check_invariant()
         return self.take_events()
@@ -174,14 +175,15 @@ class Engine:
             for req in reqs:
                 self._fail(req, "INTERNAL", f"model forward failed: {exc}")
             return
-        if after_prefill:
-            req = reqs[0]
-            if input_left(req):
-                return  # more chunks to go
-            if req.sampling.max_new_tokens == 0:
-                self._end_turn(req, FinishReason.LENGTH)
-                return
-            self._generators[req.rid] = make_generator(req)
+        if after_prefill:  # sample only for turns whose input is now all folded in
+            rows = [i for i, req in enumerate(reqs) if not input_left(req)]
+            for i in rows:
+                if reqs[i].sampling.max_new_tokens == 0:
+                    self._end_turn(reqs[i], FinishReason.LENGTH)
+                else:
+                    self._generators[reqs[i].rid] = make_generator(reqs[i])
+            rows = [i for i in rows if reqs[i].sampling.max_new_tokens]
+            logits, reqs = logits[rows], [reqs[i] for i in rows]
         for req, token in zip(reqs, sample(logits, reqs, self._generators)):
             self._accept(req, token)
 

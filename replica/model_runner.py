@@ -20,6 +20,9 @@ class ModelRunner:
         self.pool = pool
         self.buffers = pool.buffers
         self.device = pool.req_to_token.device
+        # False: each prefill chunk of a step runs as its own forward (the pre-batching path,
+        # kept for comparison in tests)
+        self.batch_prefill = True
 
     def extend(self, req: Req, n: int) -> torch.Tensor:
         """Fold the next ``n`` input tokens of ``req``; logits of the last one ``[1, vocab]``."""
@@ -29,6 +32,23 @@ class ModelRunner:
         kv_slots = self.pool.req_to_token[req.req_pool_idx, : start + n]
         logits = self.model.forward_extend(ids, start, req.mamba_pool_idx, kv_slots, self.buffers)
         req.folded_len += n
+        return logits
+
+    def extend_batch(self, chunks: list[tuple[Req, int]]) -> torch.Tensor:
+        """Fold the next ``n`` input tokens of each ``(req, n)`` in one forward (one chunk alone
+        goes through :meth:`extend`); logits of each chunk's last token ``[B, vocab]``."""
+        if len(chunks) == 1 or not self.batch_prefill:
+            return torch.cat([self.extend(req, n) for req, n in chunks])
+        ids, starts, kv_slots = [], [], []
+        for req, n in chunks:
+            first, start = req.turn_folded, req.folded_len
+            ids.append(torch.tensor(req.input_ids[first : first + n], dtype=torch.long))
+            starts.append(start)
+            kv_slots.append(self.pool.req_to_token[req.req_pool_idx, : start + n])
+        mamba = torch.tensor([req.mamba_pool_idx for req, _ in chunks], dtype=torch.long)
+        logits = self.model.forward_extend_batch(ids, starts, mamba, kv_slots, self.buffers)
+        for req, n in chunks:
+            req.folded_len += n
         return logits
 
     def decode(self, reqs: list[Req]) -> torch.Tensor:

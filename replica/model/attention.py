@@ -83,6 +83,37 @@ class Attention(nn.Module):
         out = gqa_attention(q.permute(1, 0, 2)[None], keys, values, valid[None], self.scale)
         return self.o_proj(out[0].permute(1, 0, 2).reshape(length, -1))
 
+    def extend_batch(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+        kv_slots: torch.Tensor,
+        real: torch.Tensor,
+        new_slots: torch.Tensor,
+        valid: torch.Tensor,
+    ) -> torch.Tensor:
+        """Right-padded chunks of ``B`` sequences, ``h [B, L, hidden]``.
+
+        ``kv_slots [B, T]`` the slots of each row's positions (padding replaced by a valid slot
+        index), ``real [B, L]`` the real (not padded) tokens, ``new_slots`` the slots of the real
+        tokens in row-major order (written here), ``valid [B, L, T]`` which keys each query sees.
+        """
+        batch, length = h.shape[:2]
+        q, k, v = self._qkv(h.reshape(batch * length, -1), cos.flatten(0, 1), sin.flatten(0, 1))
+        flat_real = real.reshape(-1)
+        k_buf[new_slots] = k[flat_real].to(k_buf.dtype)
+        v_buf[new_slots] = v[flat_real].to(v_buf.dtype)
+        shape = (batch, kv_slots.shape[1], self.n_kv_heads, self.head_dim)
+        flat = kv_slots.reshape(-1)
+        keys = k_buf.index_select(0, flat).view(shape).to(q.dtype).permute(0, 2, 1, 3)
+        values = v_buf.index_select(0, flat).view(shape).to(q.dtype).permute(0, 2, 1, 3)
+        q = q.view(batch, length, self.n_heads, self.head_dim).permute(0, 2, 1, 3)
+        out = gqa_attention(q, keys, values, valid, self.scale)  # [B, Hq, L, D]
+        return self.o_proj(out.permute(0, 2, 1, 3).reshape(batch, length, -1))
+
     def decode(
         self,
         h: torch.Tensor,

@@ -16,6 +16,7 @@ from replica.model.attention import Attention
 from replica.model.buffers import LayerBuffers
 from replica.model.layers import GatedMLP, RMSNorm, RotaryEmbedding
 from replica.model.mamba2 import Mamba2Mixer
+from replica.model.ssd_batch import mixer_extend_batch
 
 
 class DecoderLayer(nn.Module):
@@ -122,6 +123,69 @@ class BambaModel(nn.Module):
             h = layer.finish(h, x)
         if not all_logits:
             h = h[-1:]
+        return self.lm_head(self.final_layernorm(h)).float()
+
+    @torch.inference_mode()
+    def forward_extend_batch(
+        self,
+        input_ids: list[torch.Tensor],
+        start_pos: list[int],
+        mamba_slots: torch.Tensor,
+        kv_slots: list[torch.Tensor],
+        buffers: LayerBuffers,
+    ) -> torch.Tensor:
+        """:meth:`forward_extend` of ``B`` sequences' chunks in one forward; logits ``[B, vocab]``.
+
+        Sequence ``b`` has ``input_ids[b] [L_b]`` at positions ``start_pos[b] ..``, its state in
+        the distinct slot ``mamba_slots[b]`` and its K/V slots in ``kv_slots[b]`` (``start_pos[b]
+        + L_b`` entries), exactly as one :meth:`forward_extend` call; returns the logits of each
+        sequence's last position. The chunks are right-padded to the longest; padding is masked
+        out of attention and made inert in the Mamba2 mixers (see :mod:`replica.model.ssd_batch`),
+        so each row equals its own :meth:`forward_extend` up to float rounding.
+        """
+        batch = len(input_ids)
+        if batch == 0 or len(start_pos) != batch or len(kv_slots) != batch:
+            raise ValueError("forward_extend_batch needs one start_pos and kv_slots per sequence")
+        if int(mamba_slots.shape[0]) != batch:
+            raise ValueError(f"mamba_slots has {mamba_slots.shape[0]} entries, expected {batch}")
+        for ids, start, slots in zip(input_ids, start_pos, kv_slots, strict=True):
+            if ids.shape[0] == 0:
+                raise ValueError("forward_extend_batch needs at least one token per sequence")
+            if slots.shape[0] != start + ids.shape[0]:
+                raise ValueError(
+                    f"kv_slots has {slots.shape[0]} entries, expected start_pos + L = "
+                    f"{start + ids.shape[0]}"
+                )
+        device = self.device
+        pad = torch.nn.utils.rnn.pad_sequence
+        ids = pad([t.to(device=device, dtype=torch.long) for t in input_ids], batch_first=True)
+        slots = [t.to(device=device, dtype=torch.long) for t in kv_slots]
+        kv = pad(slots, batch_first=True)  # padding: slot 0, masked below
+        new_slots = torch.cat([t[s:] for t, s in zip(slots, start_pos, strict=True)])
+        lengths = torch.tensor([t.shape[0] for t in input_ids], device=device)
+        starts = torch.tensor(start_pos, dtype=torch.long, device=device)
+        mamba_slots = mamba_slots.to(device=device, dtype=torch.long)
+        offsets = torch.arange(ids.shape[1], device=device)
+        real = offsets[None, :] < lengths[:, None]  # [B, L]
+        positions = starts[:, None] + offsets[None, :]  # [B, L]
+        keys = torch.arange(kv.shape[1], device=device)[None, None, :]
+        valid = (keys <= positions[..., None]) & (keys < (starts + lengths)[:, None, None])
+        fresh = starts == 0
+        h = self.embed_tokens(ids)
+        cos, sin = self.rotary(positions, h.dtype)
+        for layer in self.layers:
+            x = layer.input_layernorm(h)
+            o = layer.ordinal
+            if layer.is_attention:
+                x = layer.self_attn.extend_batch(
+                    x, cos, sin, buffers.k[o], buffers.v[o], kv, real, new_slots, valid
+                )
+            else:
+                x = mixer_extend_batch(
+                    layer.mamba, x, lengths, buffers.conv[o], buffers.ssm[o], mamba_slots, fresh
+                )
+            h = layer.finish(h, x)
+        h = h[torch.arange(batch, device=device), lengths - 1]
         return self.lm_head(self.final_layernorm(h)).float()
 
     @torch.inference_mode()
