@@ -181,3 +181,31 @@ def test_a_replica_declared_dead_by_mistake_rejoins_empty(server):
             assert s.close() is True
     server.wait_at_capacity(alive)
     client.close()
+
+
+def test_drain_replica_keeps_its_sessions_and_takes_no_new_ones(server):
+    client = SessionClient(server.address)
+    (added,) = server.call(server.server.start_replicas(1))  # earlier tests left one healthy
+    wait_for(lambda: any(r.replica_id == added and r.pools for r in client.replicas()), 10, 0.2,
+             "the new replica's first snapshot")
+    alive = [r.replica_id for r in client.replicas() if r.state == pb.REPLICA_STATE_HEALTHY]
+    assert len(alive) >= 2
+    sessions = [client.open() for _ in range(2 * len(alive))]
+    target = sessions[0].replica_id
+    kept = [s for s in sessions if s.replica_id == target]
+    reply = client.admin.DrainReplica(pb.DrainReplicaRequest(replica_id=target))
+    assert reply.replica.replica_id == target
+    assert reply.replica.state == pb.REPLICA_STATE_DRAINING
+    assert {r.replica_id: r.state for r in client.replicas()}[target] == \
+        pb.REPLICA_STATE_DRAINING
+    for s in kept:  # its sessions stay and keep working
+        ids, reason, _ = run_turn(s.generate(tokens=[2, 7], max_new_tokens=2))
+        assert len(ids) == 2 and reason == pb.FINISH_REASON_LENGTH
+    fresh = [client.open() for _ in range(4)]
+    assert target not in {s.replica_id for s in fresh}
+    err = rpc_error(client.admin.DrainReplica, pb.DrainReplicaRequest(replica_id="no-such"))
+    assert err.code() == grpc.StatusCode.NOT_FOUND and err.details()
+    for s in sessions + fresh:
+        assert s.close() is True
+    server.wait_at_capacity(alive)
+    client.close()
