@@ -68,8 +68,16 @@ class Window:
         self.firsts: list[float] = []
         self.lo: float | None = None
         self.hi: float | None = None
-        self.data = {"n": 0, "span": 0.0, "lat": [], "open": [], "turn": [], "close": [],
-                     "tokens": set(), "errors": Counter()}
+        self.data = {
+            "n": 0,
+            "span": 0.0,
+            "lat": [],
+            "open": [],
+            "turn": [],
+            "close": [],
+            "tokens": set(),
+            "errors": Counter(),
+        }
 
     def running(self) -> bool:
         now = time.perf_counter()
@@ -104,8 +112,16 @@ class Window:
 
 def merge(results: list[dict]) -> dict:
     """Passes of one cell, pooled: rate over the summed windows, percentiles over all."""
-    out = {"n": 0, "span": 0.0, "lat": [], "open": [], "turn": [], "close": [],
-           "tokens": set(), "errors": Counter()}
+    out = {
+        "n": 0,
+        "span": 0.0,
+        "lat": [],
+        "open": [],
+        "turn": [],
+        "close": [],
+        "tokens": set(),
+        "errors": Counter(),
+    }
     for r in results:
         for key in ("n", "span"):
             out[key] += r[key]
@@ -114,14 +130,22 @@ def merge(results: list[dict]) -> dict:
         out["tokens"] |= set(r["tokens"])
         out["errors"].update(r["errors"])
     lat = out["lat"]
-    return {"n": out["n"], "rate": out["n"] / out["span"] if out["span"] else 0.0,
-            "p50": pct(lat, 50), "p99": pct(lat, 99), "open": pct(out["open"], 50),
-            "turn": pct(out["turn"], 50), "close": pct(out["close"], 50),
-            "tokens": sorted(out["tokens"]), "errors": dict(out["errors"])}
+    return {
+        "n": out["n"],
+        "rate": out["n"] / out["span"] if out["span"] else 0.0,
+        "p50": pct(lat, 50),
+        "p99": pct(lat, 99),
+        "open": pct(out["open"], 50),
+        "turn": pct(out["turn"], 50),
+        "close": pct(out["close"], 50),
+        "tokens": sorted(out["tokens"]),
+        "errors": dict(out["errors"]),
+    }
 
 
-async def closed_loop(one: Callable[[], Awaitable[Record]], concurrency: int, seconds: float,
-                      warmup: float) -> dict:
+async def closed_loop(
+    one: Callable[[], Awaitable[Record]], concurrency: int, seconds: float, warmup: float
+) -> dict:
     """``concurrency`` workers run ``one`` back to back until the window closes; each finishes
     the lifecycle it is in (so every session is closed)."""
     window = Window(concurrency, seconds, warmup)
@@ -159,8 +183,12 @@ async def _client_loop(conn, address: str) -> None:
 
     client = AsyncSessionClient(address)
     loop = asyncio.get_running_loop()
-    handlers = {"lifecycles": _gw_lifecycles, "tokens": _gw_tokens, "rpc": _gw_rpc_latency,
-                "close": _gw_close}
+    handlers = {
+        "lifecycles": _gw_lifecycles,
+        "tokens": _gw_tokens,
+        "rpc": _gw_rpc_latency,
+        "close": _gw_close,
+    }
     try:
         while True:
             cmd, kwargs = await loop.run_in_executor(None, conn.recv)
@@ -180,8 +208,9 @@ async def _gw_lifecycle(client, max_new_tokens: int) -> Record:
     t1 = time.perf_counter()
     tokens = 0
     try:
-        async for chunk in client.generate(session.session_id, tokens=PROMPT,
-                                           max_new_tokens=max_new_tokens):
+        async for chunk in client.generate(
+            session.session_id, tokens=PROMPT, max_new_tokens=max_new_tokens
+        ):
             tokens += len(chunk.token_ids)
     finally:
         t2 = time.perf_counter()
@@ -190,8 +219,9 @@ async def _gw_lifecycle(client, max_new_tokens: int) -> Record:
 
 
 async def _gw_lifecycles(client, concurrency: int, seconds: float, warmup: float) -> dict:
-    return await closed_loop(lambda: _gw_lifecycle(client, LIFECYCLE_TOKENS), concurrency,
-                             seconds, warmup)
+    return await closed_loop(
+        lambda: _gw_lifecycle(client, LIFECYCLE_TOKENS), concurrency, seconds, warmup
+    )
 
 
 async def _gw_tokens(client, sessions: int, max_new_tokens: int, rounds: int) -> dict:
@@ -199,8 +229,9 @@ async def _gw_tokens(client, sessions: int, max_new_tokens: int, rounds: int) ->
 
     async def turn(session_id: str) -> int:
         n = 0
-        async for chunk in client.generate(session_id, tokens=PROMPT,
-                                           max_new_tokens=max_new_tokens):
+        async for chunk in client.generate(
+            session_id, tokens=PROMPT, max_new_tokens=max_new_tokens
+        ):
             n += len(chunk.token_ids)
         return n
 
@@ -234,8 +265,12 @@ async def _gw_rpc_latency(client, n: int) -> dict:
         if i >= n // 10:
             get.append((t1 - t0) * 1e3)
             check.append((t2 - t1) * 1e3)
-    return {"session_id": session.session_id, "replica_id": session.replica_id,
-            "get": get, "health": check}
+    return {
+        "session_id": session.session_id,
+        "replica_id": session.replica_id,
+        "get": get,
+        "health": check,
+    }
 
 
 async def _gw_close(client, session_id: str) -> bool:
@@ -307,8 +342,9 @@ class DirectGateway:
         from replica.request import SamplingParams
 
         inbox = self.inboxes[session_id]
-        turn_id = await handle.submit_turn.remote(self.gateway_id, session_id, None, PROMPT,
-                                                  SamplingParams(max_new_tokens=max_new_tokens))
+        turn_id = await handle.submit_turn.remote(
+            self.gateway_id, session_id, None, PROMPT, SamplingParams(max_new_tokens=max_new_tokens)
+        )
         if isinstance(turn_id, ActorError):
             raise RuntimeError(turn_id.code)
         tokens = 0
@@ -344,8 +380,7 @@ class DirectGateway:
         try:
             for _ in range(rounds):
                 t0 = time.perf_counter()
-                counts = await asyncio.gather(*(self.turn(handle, s, max_new_tokens)
-                                                for s in ids))
+                counts = await asyncio.gather(*(self.turn(handle, s, max_new_tokens) for s in ids))
                 results.append((sum(counts), time.perf_counter() - t0))
         finally:
             await asyncio.gather(*(self.close(handle, s) for s in ids))
@@ -546,8 +581,13 @@ class CpuMeter:
                         cmd = f.read(64)
                 except OSError:
                     continue
-                group = ("replica" if cmd.startswith(b"ray::ReplicaActor") else
-                         "router" if cmd.startswith(b"ray::SessionRouter") else "ray")
+                group = (
+                    "replica"
+                    if cmd.startswith(b"ray::ReplicaActor")
+                    else "router"
+                    if cmd.startswith(b"ray::SessionRouter")
+                    else "ray"
+                )
             out[group] += procs[pid][1]
         return out
 
@@ -578,9 +618,16 @@ async def run(args) -> None:
     # Room for 64 concurrent sessions plus the sessions the router reserves between two
     # snapshots (a closed session frees room only at the replica's next report, ~1 s).
     max_sessions = args.max_sessions
-    cfg = ServeConfig(replicas=args.replicas, max_sessions=max_sessions,
-                      kv_tokens=max_sessions * 128, max_context=512, page_size=16,
-                      grpc_port=0, metrics_port=0, host="127.0.0.1")
+    cfg = ServeConfig(
+        replicas=args.replicas,
+        max_sessions=max_sessions,
+        kv_tokens=max_sessions * 128,
+        max_context=512,
+        page_size=16,
+        grpc_port=0,
+        metrics_port=0,
+        host="127.0.0.1",
+    )
     # what ``Server`` gives each CPU replica, unless --threads says otherwise
     threads = args.threads or max(1, (os.cpu_count() or 1) // cfg.replicas)
     torch.set_num_threads(threads)
@@ -589,16 +636,22 @@ async def run(args) -> None:
     server = Server(cfg)
     with replica_threads(args.threads, cfg.replicas):
         await server.start()
-    print(f"\nstarted {cfg.replicas} replica(s) in {time.perf_counter() - t_start:.1f}s; "
-          f"max_sessions={max_sessions}/replica, torch threads per replica and in-process: "
-          f"{threads}{'' if args.threads else ' (as serve sets them)'}, cpus: {os.cpu_count()}")
+    print(
+        f"\nstarted {cfg.replicas} replica(s) in {time.perf_counter() - t_start:.1f}s; "
+        f"max_sessions={max_sessions}/replica, torch threads per replica and in-process: "
+        f"{threads}{'' if args.threads else ' (as serve sets them)'}, cpus: {os.cpu_count()}"
+    )
     if threads * cfg.replicas >= (os.cpu_count() or 1):
-        print("note: the replicas' torch threads take every core, so the gateway, router, client "
-              "and Ray compete with\n      their OpenMP barriers (try --threads 1)")
+        print(
+            "note: the replicas' torch threads take every core, so the gateway, router, client "
+            "and Ray compete with\n      their OpenMP barriers (try --threads 1)"
+        )
     load = os.getloadavg()[0]
     if load > (os.cpu_count() or 1):
-        print(f"note: the machine is busy (load average {load:.1f} on {os.cpu_count()} cpus): "
-              "absolute numbers are noisy; the side-by-side ratios less so")
+        print(
+            f"note: the machine is busy (load average {load:.1f} on {os.cpu_count()} cpus): "
+            "absolute numbers are noisy; the side-by-side ratios less so"
+        )
     client = ClientProcess(server.grpc_address)
     handles = [server.replicas[r] for r in sorted(server.replicas)]
     direct = DirectGateway(handles)
@@ -622,8 +675,7 @@ async def run(args) -> None:
 
         # (d) first: the yardstick
         ping_c1 = await sequential_ms(lambda: handles[0].ping.remote(), n_rpc)
-        ping_rates = {c: await ping_rate(handles[0], c, 1000 if quick else 3000)
-                      for c in (16, 64)}
+        ping_rates = {c: await ping_rate(handles[0], c, 1000 if quick else 3000) for c in (16, 64)}
 
         # (a) (b) (c) interleaved per concurrency level, in passes, so that load from
         # elsewhere on the machine falls on all three alike
@@ -631,13 +683,18 @@ async def run(args) -> None:
         for _ in range(passes):
             for conc in CONCURRENCY:
                 profiled(True)
-                cells.setdefault(("gateway", conc), []).append(await client.call(
-                    "lifecycles", concurrency=conc, seconds=seconds, warmup=warmup))
+                cells.setdefault(("gateway", conc), []).append(
+                    await client.call(
+                        "lifecycles", concurrency=conc, seconds=seconds, warmup=warmup
+                    )
+                )
                 profiled(False)
                 cells.setdefault(("direct", conc), []).append(
-                    await closed_loop(direct.lifecycle, conc, seconds, warmup))
+                    await closed_loop(direct.lifecycle, conc, seconds, warmup)
+                )
                 cells.setdefault(("in-process", conc), []).append(
-                    inproc.lifecycles(conc, seconds, warmup))
+                    inproc.lifecycles(conc, seconds, warmup)
+                )
         life = {key: merge(results) for key, results in cells.items()}
 
         # (e) 64 sessions on ONE replica, 64 tokens each
@@ -666,16 +723,26 @@ async def run(args) -> None:
         rpc = await client.call("rpc", n=n_rpc)
         profiled(False)
         handle = server.replicas[rpc["replica_id"]]
-        direct_get = await sequential_ms(lambda: handle.get_session.remote(rpc["session_id"]),
-                                         n_rpc)
+        direct_get = await sequential_ms(
+            lambda: handle.get_session.remote(rpc["session_id"]), n_rpc
+        )
         await client.call("close", session_id=rpc["session_id"])
     finally:
         client.stop()
         direct.stop()
         await server.stop()
 
-    report(life, ping_c1, ping_rates, tok_gw, tok_direct, tok_inproc, rpc, direct_get,
-           time.perf_counter() - t_start)
+    report(
+        life,
+        ping_c1,
+        ping_rates,
+        tok_gw,
+        tok_direct,
+        tok_inproc,
+        rpc,
+        direct_get,
+        time.perf_counter() - t_start,
+    )
     if profiler is not None:
         import pstats
 
@@ -684,12 +751,17 @@ async def run(args) -> None:
         pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
 
 
-def report(life, ping_c1, ping_rates, tok_gw, tok_direct, tok_inproc, rpc, direct_get,
-           elapsed) -> None:
-    print(f"\n(a/b/c) session lifecycle: open, one turn ({len(PROMPT)}-token prompt, "
-          f"{LIFECYCLE_TOKENS} new tokens, greedy), close — closed loop")
-    head = (f"{'conc':>4}  {'mode':<10} {'sessions/s':>10} {'p50 ms':>8} {'p99 ms':>8}  "
-            f"{'open p50':>8} {'turn p50':>8} {'close p50':>9} {'n':>5}  notes")
+def report(
+    life, ping_c1, ping_rates, tok_gw, tok_direct, tok_inproc, rpc, direct_get, elapsed
+) -> None:
+    print(
+        f"\n(a/b/c) session lifecycle: open, one turn ({len(PROMPT)}-token prompt, "
+        f"{LIFECYCLE_TOKENS} new tokens, greedy), close — closed loop"
+    )
+    head = (
+        f"{'conc':>4}  {'mode':<10} {'sessions/s':>10} {'p50 ms':>8} {'p99 ms':>8}  "
+        f"{'open p50':>8} {'turn p50':>8} {'close p50':>9} {'n':>5}  notes"
+    )
     print(head)
     print("-" * len(head))
     for conc in CONCURRENCY:
@@ -700,101 +772,156 @@ def report(life, ping_c1, ping_rates, tok_gw, tok_direct, tok_inproc, rpc, direc
                 notes.append(f"tokens/turn {s['tokens']}")
             if s["errors"]:
                 notes.append(f"errors {s['errors']}")
-            print(f"{conc:>4}  {mode:<10} {s['rate']:>10.1f} {fmt_ms(s['p50'])} "
-                  f"{fmt_ms(s['p99'])}  {fmt_ms(s['open'])} {fmt_ms(s['turn'])} "
-                  f" {fmt_ms(s['close'])} {s['n']:>5}  {'; '.join(notes)}")
+            print(
+                f"{conc:>4}  {mode:<10} {s['rate']:>10.1f} {fmt_ms(s['p50'])} "
+                f"{fmt_ms(s['p99'])}  {fmt_ms(s['open'])} {fmt_ms(s['turn'])} "
+                f" {fmt_ms(s['close'])} {s['n']:>5}  {'; '.join(notes)}"
+            )
     print("  (open/turn/close p50: the phases; the turn is submit -> last token)")
     print("\nratios (sessions/s; p50 latency)")
-    print(f"{'conc':>4}  {'gateway/direct':>14} {'direct/in-process':>17} "
-          f"{'gateway/in-process':>18}   {'p50 gateway/direct':>18} {'p50 direct/in-proc':>18}")
+    print(
+        f"{'conc':>4}  {'gateway/direct':>14} {'direct/in-process':>17} "
+        f"{'gateway/in-process':>18}   {'p50 gateway/direct':>18} {'p50 direct/in-proc':>18}"
+    )
     for conc in CONCURRENCY:
         g, d, e = (life[m, conc] for m in ("gateway", "direct", "in-process"))
-        print(f"{conc:>4}  {ratio(g['rate'], d['rate']):>14} {ratio(d['rate'], e['rate']):>17} "
-              f"{ratio(g['rate'], e['rate']):>18}   {ratio(g['p50'], d['p50']):>18} "
-              f"{ratio(d['p50'], e['p50']):>18}")
+        print(
+            f"{conc:>4}  {ratio(g['rate'], d['rate']):>14} {ratio(d['rate'], e['rate']):>17} "
+            f"{ratio(g['rate'], e['rate']):>18}   {ratio(g['p50'], d['p50']):>18} "
+            f"{ratio(d['p50'], e['p50']):>18}"
+        )
 
     print("\n(d) raw async actor calls (ping on a replica actor, from this process)")
-    print(f"  round trip at concurrency 1: p50 {pct(ping_c1, 50):.2f} ms, "
-          f"p99 {pct(ping_c1, 99):.2f} ms")
+    print(
+        f"  round trip at concurrency 1: p50 {pct(ping_c1, 50):.2f} ms, "
+        f"p99 {pct(ping_c1, 99):.2f} ms"
+    )
     for c, rate in ping_rates.items():
         print(f"  {c:>3} in flight: {rate:,.0f} calls/s")
     best = max(ping_rates.values())
-    print("  yardstick: a gateway lifecycle is 5 actor calls (open and close each go "
-          "gateway->router->replica, submit 1)\n  plus >=1 stream item per engine step; "
-          "a direct lifecycle is 3 calls.")
+    print(
+        "  yardstick: a gateway lifecycle is 5 actor calls (open and close each go "
+        "gateway->router->replica, submit 1)\n  plus >=1 stream item per engine step; "
+        "a direct lifecycle is 3 calls."
+    )
     for conc in CONCURRENCY:
         g, d = life["gateway", conc], life["direct", conc]
-        print(f"  conc {conc:>2}: gateway {g['rate']:.1f}/s = {g['rate'] * 5 / best:.0%} of the "
-              f"actor-call ceiling ({best / 5:,.0f}/s); direct {d['rate']:.1f}/s = "
-              f"{d['rate'] * 3 / best:.0%} of {best / 3:,.0f}/s")
+        print(
+            f"  conc {conc:>2}: gateway {g['rate']:.1f}/s = {g['rate'] * 5 / best:.0%} of the "
+            f"actor-call ceiling ({best / 5:,.0f}/s); direct {d['rate']:.1f}/s = "
+            f"{d['rate'] * 3 / best:.0%} of {best / 3:,.0f}/s"
+        )
 
     gw_rate, d_rate, e_rate = (rounds_rate(t) for t in (tok_gw, tok_direct, tok_inproc))
-    print(f"\n(e) tokens/s, 64 concurrent sessions on ONE replica ({tok_gw['replicas']}), "
-          f"64 new tokens each, {len(tok_gw['rounds'])} rounds (first is warm-up)")
-    for name, result, rate in (("gRPC clients", tok_gw, gw_rate),
-                               ("direct actor", tok_direct, d_rate),
-                               ("in-process engine", tok_inproc, e_rate)):
+    print(
+        f"\n(e) tokens/s, 64 concurrent sessions on ONE replica ({tok_gw['replicas']}), "
+        f"64 new tokens each, {len(tok_gw['rounds'])} rounds (first is warm-up)"
+    )
+    for name, result, rate in (
+        ("gRPC clients", tok_gw, gw_rate),
+        ("direct actor", tok_direct, d_rate),
+        ("in-process engine", tok_inproc, e_rate),
+    ):
         per_round = ", ".join(f"{n} in {dt:.2f}s" for n, dt in result["rounds"])
         print(f"  {name:<18} {rate:>9,.0f} tokens/s   ({per_round})")
 
-    print("\n    CPU seconds per 1,000 tokens, by process, all rounds (wall: seconds per 1,000 "
-          "tokens; 2 cores = 2 CPU s per wall s)")
+    print(
+        "\n    CPU seconds per 1,000 tokens, by process, all rounds (wall: seconds per 1,000 "
+        "tokens; 2 cores = 2 CPU s per wall s)"
+    )
     groups = CpuMeter.GROUPS
     print(f"    {'':<18}" + "".join(f"{g:>9}" for g in groups) + f"{'total':>9}{'wall':>8}")
-    for name, result in (("gRPC clients", tok_gw), ("direct actor", tok_direct),
-                         ("in-process engine", tok_inproc)):
+    for name, result in (
+        ("gRPC clients", tok_gw),
+        ("direct actor", tok_direct),
+        ("in-process engine", tok_inproc),
+    ):
         k = sum(n for n, _ in result["rounds"]) / 1000
         use = result["cpu"]
         wall = sum(dt for _, dt in result["rounds"])
-        print(f"    {name:<18}" + "".join(f"{use[g] / k:>9.2f}" for g in groups)
-              + f"{sum(use.values()) / k:>9.2f}{wall / k:>8.2f}")
+        print(
+            f"    {name:<18}"
+            + "".join(f"{use[g] / k:>9.2f}" for g in groups)
+            + f"{sum(use.values()) / k:>9.2f}{wall / k:>8.2f}"
+        )
 
     get_p50, direct_p50 = pct(rpc["get"], 50), pct(direct_get, 50)
     added = get_p50 - direct_p50
     print(f"\n(f) per-RPC latency at concurrency 1 ({len(direct_get)} calls each)")
     print(f"  {'call':<52} {'p50 ms':>8} {'p99 ms':>8}")
-    for name, samples in (("GetSession via gRPC (client -> gateway -> actor)", rpc["get"]),
-                          ("get_session straight on the replica actor", direct_get),
-                          ("grpc.health Check (gRPC floor, no actor call)", rpc["health"]),
-                          ("ping straight on the replica actor (actor floor)", ping_c1)):
+    for name, samples in (
+        ("GetSession via gRPC (client -> gateway -> actor)", rpc["get"]),
+        ("get_session straight on the replica actor", direct_get),
+        ("grpc.health Check (gRPC floor, no actor call)", rpc["health"]),
+        ("ping straight on the replica actor (actor floor)", ping_c1),
+    ):
         print(f"  {name:<52} {fmt_ms(pct(samples, 50))} {fmt_ms(pct(samples, 99))}")
     print(f"  gateway added latency (p50 GetSession - p50 get_session): {added:.2f} ms")
 
     tok_ratio = gw_rate / e_rate
     print("\ngoals")
     rows = [
-        ("(e) gRPC tokens/s / in-process tokens/s", f"{tok_ratio:.2f}", f">= {GOAL_TOKENS_RATIO}",
-         tok_ratio >= GOAL_TOKENS_RATIO),
-        ("(f) gateway added latency per RPC, p50", f"{added:.2f} ms", f"< {GOAL_ADDED_MS:g} ms",
-         added < GOAL_ADDED_MS),
+        (
+            "(e) gRPC tokens/s / in-process tokens/s",
+            f"{tok_ratio:.2f}",
+            f">= {GOAL_TOKENS_RATIO}",
+            tok_ratio >= GOAL_TOKENS_RATIO,
+        ),
+        (
+            "(f) gateway added latency per RPC, p50",
+            f"{added:.2f} ms",
+            f"< {GOAL_ADDED_MS:g} ms",
+            added < GOAL_ADDED_MS,
+        ),
     ]
     print(f"  {'':<42} {'measured':>10} {'goal':>9}  met")
     for name, value, goal, met in rows:
         print(f"  {name:<42} {value:>10} {goal:>9}  {'yes' if met else 'NO'}")
-    print(f"\n  (direct actor / in-process tokens/s: {d_rate / e_rate:.2f}; "
-          f"gRPC / direct: {gw_rate / d_rate:.2f})")
+    print(
+        f"\n  (direct actor / in-process tokens/s: {d_rate / e_rate:.2f}; "
+        f"gRPC / direct: {gw_rate / d_rate:.2f})"
+    )
     print(f"\ntotal run time {elapsed:.0f}s")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="fewer and shorter measurements")
-    parser.add_argument("--replicas", type=int, default=1,
-                        help="replica actors (sessions spread over them; (e) uses one)")
-    parser.add_argument("--seconds", type=float, default=None,
-                        help="measured seconds per lifecycle cell and pass "
-                             "(default 2.5 x 2 passes, --quick 1.5 x 1)")
-    parser.add_argument("--max-sessions", type=int, default=512,
-                        help="sessions per replica (>= 64, plus what the router reserves "
-                             "between snapshots)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads per replica and for the in-process engine "
-                             "(default 1; 0: what serve gives a CPU replica, cpu_count // "
-                             "replicas, whose OpenMP barriers then fight the gateway, router "
-                             "and client for the cores)")
-    parser.add_argument("--profile-gateway", metavar="FILE",
-                        help="cProfile this process (the gateway) during the gRPC runs")
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="replica actors (sessions spread over them; (e) uses one)",
+    )
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=None,
+        help="measured seconds per lifecycle cell and pass "
+        "(default 2.5 x 2 passes, --quick 1.5 x 1)",
+    )
+    parser.add_argument(
+        "--max-sessions",
+        type=int,
+        default=512,
+        help="sessions per replica (>= 64, plus what the router reserves between snapshots)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads per replica and for the in-process engine "
+        "(default 1; 0: what serve gives a CPU replica, cpu_count // "
+        "replicas, whose OpenMP barriers then fight the gateway, router "
+        "and client for the cores)",
+    )
+    parser.add_argument(
+        "--profile-gateway",
+        metavar="FILE",
+        help="cProfile this process (the gateway) during the gRPC runs",
+    )
     args = parser.parse_args()
     if args.max_sessions < 64:
         parser.error("--max-sessions must be >= 64 (concurrency 64 on one replica)")

@@ -30,9 +30,15 @@ log = logging.getLogger(__name__)
 
 
 class ReplicaActor:
-    def __init__(self, replica_id: str, config: ReplicaConfig, model: str = "tiny-bamba",
-                 model_path: str | None = None, router_name: str | None = None,
-                 report_interval_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        replica_id: str,
+        config: ReplicaConfig,
+        model: str = "tiny-bamba",
+        model_path: str | None = None,
+        router_name: str | None = None,
+        report_interval_s: float = 1.0,
+    ) -> None:
         import torch
 
         from replica.model import load
@@ -79,8 +85,9 @@ class ReplicaActor:
     async def _call(self, fn, *args) -> Any:
         await self._ensure_started()
         if self._async.error is not None:
-            return ActorError("UNAVAILABLE", f"replica {self.replica_id} engine failed: "
-                                             f"{self._async.error}")
+            return ActorError(
+                "UNAVAILABLE", f"replica {self.replica_id} engine failed: {self._async.error}"
+            )
         try:
             return await self._async.call(fn, *args)
         except ReplicaError as exc:
@@ -95,12 +102,22 @@ class ReplicaActor:
         pools = self.config.pools
         per_session = max(pools.page_size, pools.kv_token_slots // pools.max_sessions)
         return ReplicaDescription(
-            self.replica_id, ray.get_runtime_context().get_node_id(), self.engine.incarnation,
-            pools.mamba_slots_per_seq, per_session, pools.max_context, self.config.model.vocab_size)
+            self.replica_id,
+            ray.get_runtime_context().get_node_id(),
+            self.engine.incarnation,
+            pools.mamba_slots_per_seq,
+            per_session,
+            pools.max_context,
+            self.config.model.vocab_size,
+        )
 
-    async def open_session(self, session_id: str, idle_timeout_s: float = 0.0,
-                           gateway_id: str | None = None,
-                           tenant: str = "") -> SessionInfo | ActorError:
+    async def open_session(
+        self,
+        session_id: str,
+        idle_timeout_s: float = 0.0,
+        gateway_id: str | None = None,
+        tenant: str = "",
+    ) -> SessionInfo | ActorError:
         if gateway_id:
             self._session_gateway[session_id] = gateway_id
         result = await self._call(self.engine.open_session, session_id, idle_timeout_s)
@@ -120,9 +137,14 @@ class ReplicaActor:
             self._session_tenant.pop(sid, None)
         return result
 
-    async def submit_turn(self, gateway_id: str, session_id: str, text: str | None,
-                          token_ids: list[int] | None,
-                          sampling: SamplingParams) -> int | ActorError:
+    async def submit_turn(
+        self,
+        gateway_id: str,
+        session_id: str,
+        text: str | None,
+        token_ids: list[int] | None,
+        sampling: SamplingParams,
+    ) -> int | ActorError:
         """Queue a turn; returns its turn id. Its events go to ``gateway_id``'s stream."""
         if text is not None and token_ids is not None:
             return ActorError("INVALID_ARGUMENT", "give either text or tokens, not both")
@@ -134,8 +156,9 @@ class ReplicaActor:
     async def interrupt(self, session_id: str) -> bool | ActorError:
         return await self._call(self.engine.interrupt, session_id)
 
-    async def cancel(self, session_id: str, why: str = "cancelled by the client",
-                     turn_id: int | None = None) -> bool:
+    async def cancel(
+        self, session_id: str, why: str = "cancelled by the client", turn_id: int | None = None
+    ) -> bool:
         return await self._call(self.engine.cancel, session_id, why, turn_id)
 
     async def get_session(self, session_id: str) -> SessionInfo | ActorError:
@@ -199,11 +222,13 @@ class ReplicaActor:
                     held = await self._call(self.engine.session_ids)
                     sessions = {sid: self._session_tenant.get(sid, "") for sid in held}
                     await router.register_replica.remote(
-                        self.replica_id, ray.get_runtime_context().current_actor,
-                        await self.describe(), sessions, self._async.latest_snapshot)
+                        self.replica_id,
+                        ray.get_runtime_context().current_actor,
+                        await self.describe(),
+                        sessions,
+                        self._async.latest_snapshot,
+                    )
             except Exception as exc:  # noqa: BLE001 - the router may be restarting
                 log.warning("snapshot report to the router failed: %s", exc)
                 router = None
             await asyncio.sleep(self.report_interval_s)
-
-

@@ -28,9 +28,13 @@ IDLE_TICK_S = 0.05
 
 
 class AsyncEngine:
-    def __init__(self, engine: Engine, on_events: Callable[[list[TurnEvent]], None],
-                 on_released: Callable[[list[str]], None] | None = None,
-                 snapshot_interval_s: float = 0.25) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        on_events: Callable[[list[TurnEvent]], None],
+        on_released: Callable[[list[str]], None] | None = None,
+        snapshot_interval_s: float = 0.25,
+    ) -> None:
         self.engine = engine
         self._on_events = on_events
         self._on_released = on_released

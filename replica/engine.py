@@ -110,8 +110,9 @@ class Engine:
                 f"session {session_id} already has a turn running; wait for "
                 "its last chunk or interrupt it"
             )
-        check_turn(slot, input_ids, sampling, self.config.model.vocab_size,
-                   self.config.pools.max_context)
+        check_turn(
+            slot, input_ids, sampling, self.config.model.vocab_size, self.config.pools.max_context
+        )
         req = Req(session_id, list(input_ids), sampling)
         if not input_ids and not slot.pending_ids:
             # Nothing to fold and nothing to generate: the turn is done (it would never be
@@ -133,8 +134,9 @@ class Engine:
             self._emit_end(req, FinishReason.INTERRUPTED, self.sessions.get(session_id))
         return True
 
-    def cancel(self, session_id: str, why: str = "turn cancelled",
-               turn_id: int | None = None) -> bool:
+    def cancel(
+        self, session_id: str, why: str = "turn cancelled", turn_id: int | None = None
+    ) -> bool:
         """End the session's turn (only turn ``turn_id`` when given) and roll it back (atomic
         turns); reports CANCELLED. Returns whether a turn was cancelled."""
         req, running = self.scheduler.find(session_id)

@@ -93,4 +93,3 @@ class HybridReqToTokenPool(ReqToTokenPool):
         super().check_integrity()
         self.mamba_pool.check_integrity()
         self.kv_pool.check_integrity()
-

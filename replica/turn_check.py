@@ -10,8 +10,13 @@ from replica.request import SamplingParams
 from replica.session import SessionSlot
 
 
-def check_turn(slot: SessionSlot, input_ids: Sequence[int], sampling: SamplingParams,
-               vocab: int, max_context: int) -> None:
+def check_turn(
+    slot: SessionSlot,
+    input_ids: Sequence[int],
+    sampling: SamplingParams,
+    vocab: int,
+    max_context: int,
+) -> None:
     """Raises ``InvalidRequestError`` (token ids outside the vocabulary, nothing to generate
     from) or ``ContextOverflowError`` (the turn would not fit the session's context)."""
     bad = [t for t in input_ids if not 0 <= t < vocab]
@@ -27,4 +32,5 @@ def check_turn(slot: SessionSlot, input_ids: Sequence[int], sampling: SamplingPa
         raise ContextOverflowError(
             f"turn would exceed the context: {slot.committed_tokens} committed + "
             f"{len(input_ids)} input + {sampling.max_new_tokens} new tokens > {max_context}; "
-            "shorten the input, lower max_new_tokens or open a new session")
+            "shorten the input, lower max_new_tokens or open a new session"
+        )

@@ -60,8 +60,12 @@ class Route:
 
 
 class SessionRouter:
-    def __init__(self, open_timeout_s: float = 10.0, stale_after_s: float = 5.0,
-                 health_interval_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        open_timeout_s: float = 10.0,
+        stale_after_s: float = 5.0,
+        health_interval_s: float = 1.0,
+    ) -> None:
         self.open_timeout_s = open_timeout_s
         self.stale_after_s = stale_after_s
         self.health_interval_s = health_interval_s
@@ -82,21 +86,35 @@ class SessionRouter:
 
     # ----- replicas -----------------------------------------------------------------------
 
-    async def register_replica(self, replica_id: str, handle: Any, desc: ReplicaDescription,
-                               session_tenants: dict[str, str] | list[str] = (),
-                               snapshot: PoolSnapshot | None = None) -> None:
+    async def register_replica(
+        self,
+        replica_id: str,
+        handle: Any,
+        desc: ReplicaDescription,
+        session_tenants: dict[str, str] | list[str] = (),
+        snapshot: PoolSnapshot | None = None,
+    ) -> None:
         """Add or refresh a replica, adopting the sessions it says it holds."""
         self._start()
-        tenants = session_tenants if isinstance(session_tenants, dict) else \
-            dict.fromkeys(session_tenants, "")
+        tenants = (
+            session_tenants
+            if isinstance(session_tenants, dict)
+            else dict.fromkeys(session_tenants, "")
+        )
         entry = self.replicas.get(replica_id)
-        fenced = entry is not None and entry.health == ReplicaHealth.DEAD and \
-            entry.desc.incarnation == desc.incarnation
+        fenced = (
+            entry is not None
+            and entry.health == ReplicaHealth.DEAD
+            and entry.desc.incarnation == desc.incarnation
+        )
         if fenced and tenants:
             # Declared dead (its clients were told ABORTED) but alive after all: its sessions
             # must not come back, so the replica releases them and rejoins empty.
-            log.warning("replica %s came back after it was declared dead; releasing its %d "
-                        "sessions", replica_id, len(tenants))
+            log.warning(
+                "replica %s came back after it was declared dead; releasing its %d sessions",
+                replica_id,
+                len(tenants),
+            )
             await handle.close_sessions.remote(list(tenants), "replica_lost")
             tenants = {}
         if entry is None or entry.desc.incarnation != desc.incarnation:
@@ -174,17 +192,30 @@ class SessionRouter:
 
     def _view(self, replica_id: str, entry: ReplicaEntry) -> ReplicaView:
         age = time.monotonic() - entry.reported_at if entry.snapshot else 0.0
-        return ReplicaView(replica_id, entry.desc.node_id, entry.health, entry.snapshot, age,
-                           len(entry.pinned), entry.desc.mamba_slots_per_session,
-                           entry.desc.kv_tokens_per_session, entry.lost)
+        return ReplicaView(
+            replica_id,
+            entry.desc.node_id,
+            entry.health,
+            entry.snapshot,
+            age,
+            len(entry.pinned),
+            entry.desc.mamba_slots_per_session,
+            entry.desc.kv_tokens_per_session,
+            entry.lost,
+        )
 
     async def views(self) -> list[ReplicaView]:
         return [self._view(rid, entry) for rid, entry in sorted(self.replicas.items())]
 
     # ----- sessions -----------------------------------------------------------------------
 
-    async def open_session(self, idle_timeout_s: float = 0.0, tenant: str = "",
-                           gateway_id: str = "", session_id: str = "") -> Route | ActorError:
+    async def open_session(
+        self,
+        idle_timeout_s: float = 0.0,
+        tenant: str = "",
+        gateway_id: str = "",
+        session_id: str = "",
+    ) -> Route | ActorError:
         """Place a new session; waits up to ``open_timeout_s`` for room.
 
         Idempotent per ``session_id`` (the caller may choose it, 128-bit random): a retry of an
@@ -210,8 +241,9 @@ class SessionRouter:
             if not opening.done():
                 opening.cancel()
 
-    async def _place(self, session_id: str, idle_timeout_s: float, tenant: str,
-                     gateway_id: str) -> Route | ActorError:
+    async def _place(
+        self, session_id: str, idle_timeout_s: float, tenant: str, gateway_id: str
+    ) -> Route | ActorError:
         deadline = time.monotonic() + self.open_timeout_s
         refused: dict[str, int] = {}
         while True:
@@ -219,8 +251,9 @@ class SessionRouter:
             reserved = {rid: e.reserved + refused.get(rid, 0) for rid, e in self.replicas.items()}
             replica_id = choose_replica(views, reserved)
             if replica_id is not None:
-                route = await self._open_on(replica_id, session_id, idle_timeout_s, tenant,
-                                            gateway_id)
+                route = await self._open_on(
+                    replica_id, session_id, idle_timeout_s, tenant, gateway_id
+                )
                 if not isinstance(route, ActorError):
                     return route
                 if route.code != "RESOURCE_EXHAUSTED":
@@ -237,13 +270,15 @@ class SessionRouter:
                 pass
             refused.clear()
 
-    async def _open_on(self, replica_id: str, session_id: str, idle_timeout_s: float,
-                       tenant: str, gateway_id: str) -> Route | ActorError:
+    async def _open_on(
+        self, replica_id: str, session_id: str, idle_timeout_s: float, tenant: str, gateway_id: str
+    ) -> Route | ActorError:
         entry = self.replicas[replica_id]
         entry.reserved += 1
         try:
-            info = await entry.handle.open_session.remote(session_id, idle_timeout_s, gateway_id,
-                                                          tenant)
+            info = await entry.handle.open_session.remote(
+                session_id, idle_timeout_s, gateway_id, tenant
+            )
         except Exception as exc:  # noqa: BLE001 - the replica died under us
             await self.replica_failed(replica_id, f"open_session failed: {exc}")
             return ActorError("RESOURCE_EXHAUSTED", f"replica {replica_id} failed; retry")
@@ -258,12 +293,16 @@ class SessionRouter:
         session = self.sessions.get(session_id)
         if session is None:
             if session_id in self.aborted:
-                return ActorError("ABORTED", f"the replica of session {session_id} died and its "
-                                             "state is gone; open a new session")
+                return ActorError(
+                    "ABORTED",
+                    f"the replica of session {session_id} died and its "
+                    "state is gone; open a new session",
+                )
             return ActorError("NOT_FOUND", f"session {session_id} is not open; open a new one")
         if session.tenant and session.tenant != tenant:
-            return ActorError("PERMISSION_DENIED", f"session {session_id} belongs to another "
-                                                   "tenant")
+            return ActorError(
+                "PERMISSION_DENIED", f"session {session_id} belongs to another tenant"
+            )
         session.last_active = time.monotonic()
         entry = self.replicas[session.replica_id]
         return Route(session_id, session.replica_id, entry.handle, tenant=session.tenant)

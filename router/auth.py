@@ -55,8 +55,9 @@ class ApiKeys:
             elif name == "x-api-key":
                 key = value.strip()
         if key is None:
-            raise Unauthenticated("missing credentials: send metadata 'authorization: Bearer "
-                                  "<api key>'")
+            raise Unauthenticated(
+                "missing credentials: send metadata 'authorization: Bearer <api key>'"
+            )
         tenant = self.tenants.get(key)
         if tenant is None:
             raise Unauthenticated("unknown API key: check the key you were given")

@@ -19,16 +19,29 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     a("--replicas", type=int, default=d.replicas, help="replica actors to start")
     a("--model", default=d.model, help="built-in model (tiny-bamba)")
     a("--model-path", default=None, help="HF-format Bamba checkpoint directory")
-    a("--max-sessions", type=int, default=d.max_sessions,
-      help="sessions one replica holds at once (sizes req rows and the mamba pool)")
+    a(
+        "--max-sessions",
+        type=int,
+        default=d.max_sessions,
+        help="sessions one replica holds at once (sizes req rows and the mamba pool)",
+    )
     a("--kv-tokens", type=int, default=d.kv_tokens, help="KV token slots per replica")
     a("--max-context", type=int, default=d.max_context, help="tokens one session may hold")
     a("--page-size", type=int, default=d.page_size, help="KV page size in tokens")
-    a("--mamba-track-buffers", type=int, choices=(0, 1, 2), default=d.mamba_track_buffers,
-      help="extra mamba slots per session; >= 1 makes turns atomic")
+    a(
+        "--mamba-track-buffers",
+        type=int,
+        choices=(0, 1, 2),
+        default=d.mamba_track_buffers,
+        help="extra mamba slots per session; >= 1 makes turns atomic",
+    )
     a("--session-idle-timeout-s", type=float, default=d.session_idle_timeout_s)
-    a("--open-timeout-s", type=float, default=d.open_timeout_s,
-      help="how long OpenSession waits for room before RESOURCE_EXHAUSTED")
+    a(
+        "--open-timeout-s",
+        type=float,
+        default=d.open_timeout_s,
+        help="how long OpenSession waits for room before RESOURCE_EXHAUSTED",
+    )
     a("--grpc-port", type=int, default=d.grpc_port)
     a("--metrics-port", type=int, default=d.metrics_port)
     a("--host", default=d.host, help="interface to listen on")
@@ -39,20 +52,34 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 
 def serve_config(args: argparse.Namespace) -> ServeConfig:
     return ServeConfig(
-        address=args.address, replicas=args.replicas, model=args.model,
-        model_path=args.model_path, max_sessions=args.max_sessions, kv_tokens=args.kv_tokens,
-        max_context=args.max_context, page_size=args.page_size,
+        address=args.address,
+        replicas=args.replicas,
+        model=args.model,
+        model_path=args.model_path,
+        max_sessions=args.max_sessions,
+        kv_tokens=args.kv_tokens,
+        max_context=args.max_context,
+        page_size=args.page_size,
         mamba_track_buffers=args.mamba_track_buffers,
-        session_idle_timeout_s=args.session_idle_timeout_s, open_timeout_s=args.open_timeout_s,
-        grpc_port=args.grpc_port, metrics_port=args.metrics_port, host=args.host,
-        replica_gpus=args.replica_gpus, api_keys=args.api_keys, strict=args.strict)
+        session_idle_timeout_s=args.session_idle_timeout_s,
+        open_timeout_s=args.open_timeout_s,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        host=args.host,
+        replica_gpus=args.replica_gpus,
+        api_keys=args.api_keys,
+        strict=args.strict,
+    )
 
 
 async def serve(config: ServeConfig) -> int:
     server = Server(config)
     stop = asyncio.Event()
-    print("session-router: starting Ray, the router and "
-          f"{config.replicas} replicas ({config.model_path or config.model})...", flush=True)
+    print(
+        "session-router: starting Ray, the router and "
+        f"{config.replicas} replicas ({config.model_path or config.model})...",
+        flush=True,
+    )
     await server.start()
     # After start: ray.init installs its own SIGTERM handler, which must not win over ours.
     loop = asyncio.get_running_loop()

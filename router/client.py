@@ -16,12 +16,23 @@ from protos import session_router_pb2 as pb
 from protos import session_router_pb2_grpc as pb_grpc
 
 
-def generate_request(session_id: str = "", text: str | None = None,
-                     tokens: Iterable[int] | None = None, max_new_tokens: int = 16,
-                     temperature: float = 0.0, top_p: float = 0.0, seed: int = 0,
-                     stop_token_ids: Iterable[int] = ()) -> pb.GenerateRequest:
-    sampling = pb.SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature,
-                                 top_p=top_p, seed=seed, stop_token_ids=list(stop_token_ids))
+def generate_request(
+    session_id: str = "",
+    text: str | None = None,
+    tokens: Iterable[int] | None = None,
+    max_new_tokens: int = 16,
+    temperature: float = 0.0,
+    top_p: float = 0.0,
+    seed: int = 0,
+    stop_token_ids: Iterable[int] = (),
+) -> pb.GenerateRequest:
+    sampling = pb.SamplingParams(
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        stop_token_ids=list(stop_token_ids),
+    )
     request = pb.GenerateRequest(session_id=session_id, sampling=sampling)
     if text is not None:
         request.text = text
@@ -42,22 +53,33 @@ class SessionClient:
         self.metadata = _metadata(api_key)
 
     def open(self, idle_timeout_s: float = 0.0, timeout: float | None = None) -> Session:
-        msg = self.sessions.OpenSession(pb.OpenSessionRequest(idle_timeout_s=idle_timeout_s),
-                                        metadata=self.metadata, timeout=timeout)
+        msg = self.sessions.OpenSession(
+            pb.OpenSessionRequest(idle_timeout_s=idle_timeout_s),
+            metadata=self.metadata,
+            timeout=timeout,
+        )
         return Session(self, msg)
 
-    def generate(self, session_id: str, text: str | None = None, tokens=None,
-                 timeout: float | None = None, **sampling) -> Iterator[pb.GenerateChunk]:
+    def generate(
+        self,
+        session_id: str,
+        text: str | None = None,
+        tokens=None,
+        timeout: float | None = None,
+        **sampling,
+    ) -> Iterator[pb.GenerateChunk]:
         request = generate_request(session_id, text, tokens, **sampling)
         return self.sessions.Generate(request, metadata=self.metadata, timeout=timeout)
 
     def close_session(self, session_id: str) -> bool:
-        return self.sessions.CloseSession(pb.CloseSessionRequest(session_id=session_id),
-                                          metadata=self.metadata).was_open
+        return self.sessions.CloseSession(
+            pb.CloseSessionRequest(session_id=session_id), metadata=self.metadata
+        ).was_open
 
     def replicas(self) -> list[pb.ReplicaInfo]:
-        return list(self.admin.ListReplicas(pb.ListReplicasRequest(),
-                                            metadata=self.metadata).replicas)
+        return list(
+            self.admin.ListReplicas(pb.ListReplicasRequest(), metadata=self.metadata).replicas
+        )
 
     def close(self) -> None:
         self.channel.close()
@@ -108,11 +130,19 @@ class AsyncSessionClient:
 
     async def open(self, idle_timeout_s: float = 0.0, timeout: float | None = None) -> pb.Session:
         return await self.sessions.OpenSession(
-            pb.OpenSessionRequest(idle_timeout_s=idle_timeout_s), metadata=self.metadata,
-            timeout=timeout)
+            pb.OpenSessionRequest(idle_timeout_s=idle_timeout_s),
+            metadata=self.metadata,
+            timeout=timeout,
+        )
 
-    def generate(self, session_id: str, text: str | None = None, tokens=None,
-                 timeout: float | None = None, **sampling) -> AsyncIterator[pb.GenerateChunk]:
+    def generate(
+        self,
+        session_id: str,
+        text: str | None = None,
+        tokens=None,
+        timeout: float | None = None,
+        **sampling,
+    ) -> AsyncIterator[pb.GenerateChunk]:
         request = generate_request(session_id, text, tokens, **sampling)
         return self.sessions.Generate(request, metadata=self.metadata, timeout=timeout)
 
@@ -122,12 +152,12 @@ class AsyncSessionClient:
 
     async def close_session(self, session_id: str) -> bool:
         response = await self.sessions.CloseSession(
-            pb.CloseSessionRequest(session_id=session_id), metadata=self.metadata)
+            pb.CloseSessionRequest(session_id=session_id), metadata=self.metadata
+        )
         return response.was_open
 
     async def replicas(self) -> list[pb.ReplicaInfo]:
-        response = await self.admin.ListReplicas(pb.ListReplicasRequest(),
-                                                 metadata=self.metadata)
+        response = await self.admin.ListReplicas(pb.ListReplicasRequest(), metadata=self.metadata)
         return list(response.replicas)
 
     async def close(self) -> None:

@@ -67,8 +67,9 @@ async def next_turn_event(inbox: asyncio.Queue, turn_id: int) -> TurnEvent:
         if event is None or item.error_code is not None:
             event = item
         else:
-            event = dataclasses.replace(item, token_ids=event.token_ids + item.token_ids,
-                                        text=event.text + item.text)
+            event = dataclasses.replace(
+                item, token_ids=event.token_ids + item.token_ids, text=event.text + item.text
+            )
     return event
 
 
@@ -94,8 +95,11 @@ class Cluster:
                 return await getattr(self.router, method).remote(*args)
             except (ActorUnavailableError, RayActorError) as exc:
                 if time.monotonic() >= deadline:
-                    return ActorError("UNAVAILABLE", "the session router is restarting or down "
-                                      f"({type(exc).__name__}); retry shortly")
+                    return ActorError(
+                        "UNAVAILABLE",
+                        "the session router is restarting or down "
+                        f"({type(exc).__name__}); retry shortly",
+                    )
                 await asyncio.sleep(0.2)
 
     def start(self) -> None:
@@ -127,8 +131,9 @@ class Cluster:
 
     async def open(self, idle_timeout_s: float, tenant: str) -> Route | ActorError:
         # the session id is chosen here so that a retried open is idempotent at the router
-        route = await self.ask_router("open_session", idle_timeout_s, tenant, self.gateway_id,
-                                      secrets.token_hex(16))
+        route = await self.ask_router(
+            "open_session", idle_timeout_s, tenant, self.gateway_id, secrets.token_hex(16)
+        )
         if isinstance(route, Route):
             self.routes[route.session_id] = route
             self._ensure_pump(route)
@@ -143,8 +148,9 @@ class Cluster:
                 self._ensure_pump(route)
         return route
 
-    async def close(self, session_id: str, tenant: str,
-                    reason: str = "closed") -> bool | ActorError:
+    async def close(
+        self, session_id: str, tenant: str, reason: str = "closed"
+    ) -> bool | ActorError:
         """Close on the session's replica directly (one hop), then tell the router. The route
         lookup checks the tenant; an unknown or lost session was not open."""
         route = await self.route(session_id, tenant)
@@ -210,9 +216,17 @@ class Cluster:
             self.routes.pop(sid, None)
             queue = self.inboxes.get(sid)
             if queue is not None:
-                queue.put_nowait(TurnEvent(sid, -1, error_code="ABORTED", error=(
-                    f"the replica of session {sid} died and its state is gone; open a new "
-                    "session")))
+                queue.put_nowait(
+                    TurnEvent(
+                        sid,
+                        -1,
+                        error_code="ABORTED",
+                        error=(
+                            f"the replica of session {sid} died and its state is gone; open a new "
+                            "session"
+                        ),
+                    )
+                )
 
     async def stop(self) -> None:
         for task in [*self._pumps.values(), self._views_task]:

@@ -45,8 +45,9 @@ class Conversation:
             raise Refused("INVALID_ARGUMENT", "the first Converse request must be `open`")
         self.route = await self.gw.open(first.open, tenant)
         inbox = self.inbox = self.gw.cluster.claim_inbox(self.route.session_id)
-        yield pb.ConverseResponse(opened=session_to_proto(
-            self.route.session_id, self.route.replica_id, self.route.info))
+        yield pb.ConverseResponse(
+            opened=session_to_proto(self.route.session_id, self.route.replica_id, self.route.info)
+        )
         self.reader = asyncio.get_running_loop().create_task(self._read(inbox))
         live: set[int] = set()  # turns whose chunks we still forward
         half_closed = False
@@ -80,8 +81,10 @@ class Conversation:
                 if kind == "input":
                     sid = request.input.session_id
                     if sid and sid != self.route.session_id:
-                        raise Refused("INVALID_ARGUMENT", "input.session_id is not this "
-                                                          "stream's session; leave it empty")
+                        raise Refused(
+                            "INVALID_ARGUMENT",
+                            "input.session_id is not this stream's session; leave it empty",
+                        )
                     inbox.put_nowait(("input", request.input))
                 elif kind == "interrupt":
                     inbox.put_nowait(("interrupt", None))

@@ -22,8 +22,13 @@ def sampling_from_proto(msg: pb.SamplingParams) -> SamplingParams:
     if len(msg.stop_token_ids) > MAX_STOP_TOKENS:
         raise InvalidRequestError(f"at most {MAX_STOP_TOKENS} stop tokens")
     top_p = msg.top_p if msg.top_p != 0.0 else 1.0
-    return SamplingParams(max_new_tokens=msg.max_new_tokens, temperature=msg.temperature,
-                          top_p=top_p, seed=msg.seed, stop_token_ids=tuple(msg.stop_token_ids))
+    return SamplingParams(
+        max_new_tokens=msg.max_new_tokens,
+        temperature=msg.temperature,
+        top_p=top_p,
+        seed=msg.seed,
+        stop_token_ids=tuple(msg.stop_token_ids),
+    )
 
 
 def turn_input(msg: pb.GenerateRequest) -> tuple[str | None, list[int] | None]:
@@ -36,9 +41,13 @@ def turn_input(msg: pb.GenerateRequest) -> tuple[str | None, list[int] | None]:
 
 
 def session_to_proto(session_id: str, replica_id: str, info: SessionInfo) -> pb.Session:
-    return pb.Session(session_id=session_id, replica_id=replica_id,
-                      committed_tokens=info.committed_tokens,
-                      max_context_tokens=info.max_context_tokens, turn_running=info.turn_running)
+    return pb.Session(
+        session_id=session_id,
+        replica_id=replica_id,
+        committed_tokens=info.committed_tokens,
+        max_context_tokens=info.max_context_tokens,
+        turn_running=info.turn_running,
+    )
 
 
 def chunk_from_event(event: TurnEvent) -> pb.GenerateChunk:
@@ -50,16 +59,26 @@ def chunk_from_event(event: TurnEvent) -> pb.GenerateChunk:
 
 
 def replica_to_proto(view: ReplicaView) -> pb.ReplicaInfo:
-    info = pb.ReplicaInfo(replica_id=view.replica_id, node_id=view.node_id,
-                          state=int(view.health), sessions_pinned=view.sessions_pinned,
-                          snapshot_age_s=view.snapshot_age_s)
+    info = pb.ReplicaInfo(
+        replica_id=view.replica_id,
+        node_id=view.node_id,
+        state=int(view.health),
+        sessions_pinned=view.sessions_pinned,
+        snapshot_age_s=view.snapshot_age_s,
+    )
     snap = view.snapshot
     if snap is not None:
         info.sessions = snap.open_sessions
         info.running_requests = snap.running_requests
         info.waiting_requests = snap.waiting_requests
         for stats in snap.pools:
-            info.pools.add(pool=stats.pool, capacity=stats.capacity, free=stats.free,
-                           in_use=stats.in_use, session_held=stats.session_held,
-                           cached=stats.cached, leaked=stats.leaked)
+            info.pools.add(
+                pool=stats.pool,
+                capacity=stats.capacity,
+                free=stats.free,
+                in_use=stats.in_use,
+                session_held=stats.session_held,
+                cached=stats.cached,
+                leaked=stats.leaked,
+            )
     return info

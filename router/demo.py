@@ -20,8 +20,16 @@ from protos import session_router_pb2 as pb
 from router.client import AsyncSessionClient, generate_request
 from router.server import ServeConfig, Server
 
-PROMPTS = ["Hello!", "What's the weather like?", "Tell me a story.", "ok", "And then?",
-           "Translate this please", "How are you today?", "Summarise our chat."]
+PROMPTS = [
+    "Hello!",
+    "What's the weather like?",
+    "Tell me a story.",
+    "ok",
+    "And then?",
+    "Translate this please",
+    "How are you today?",
+    "Summarise our chat.",
+]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,14 +42,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def pool_table(replicas: list[pb.ReplicaInfo]) -> str:
-    lines = [f"{'replica':<11}{'pool':<10}{'capacity':>9}{'free':>7}{'in_use':>8}"
-             f"{'held':>7}{'leaked':>8}   sessions"]
+    lines = [
+        f"{'replica':<11}{'pool':<10}{'capacity':>9}{'free':>7}{'in_use':>8}"
+        f"{'held':>7}{'leaked':>8}   sessions"
+    ]
     for info in replicas:
         for i, p in enumerate(info.pools):
-            sessions = (f"{info.sessions} held (snapshot {info.snapshot_age_s:.1f} s old) / "
-                        f"{info.sessions_pinned} pinned now") if i == 0 else ""
-            lines.append(f"{info.replica_id if i == 0 else '':<11}{p.pool:<10}{p.capacity:>9}"
-                         f"{p.free:>7}{p.in_use:>8}{p.session_held:>7}{p.leaked:>8}   {sessions}")
+            sessions = (
+                (
+                    f"{info.sessions} held (snapshot {info.snapshot_age_s:.1f} s old) / "
+                    f"{info.sessions_pinned} pinned now"
+                )
+                if i == 0
+                else ""
+            )
+            lines.append(
+                f"{info.replica_id if i == 0 else '':<11}{p.pool:<10}{p.capacity:>9}"
+                f"{p.free:>7}{p.in_use:>8}{p.session_held:>7}{p.leaked:>8}   {sessions}"
+            )
     return "\n".join(lines)
 
 
@@ -52,8 +70,9 @@ class Stats:
         self.kinds: dict[str, int] = {}
 
 
-async def timed_turn(client: AsyncSessionClient, sid: str, stats: Stats, text: str,
-                     max_new_tokens: int) -> None:
+async def timed_turn(
+    client: AsyncSessionClient, sid: str, stats: Stats, text: str, max_new_tokens: int
+) -> None:
     start, first = time.perf_counter(), True
     async for chunk in client.generate(sid, text=text, max_new_tokens=max_new_tokens):
         if first and chunk.token_ids:
@@ -68,8 +87,9 @@ async def multi_turn(client: AsyncSessionClient, rng: random.Random, stats: Stat
     await client.close_session(session.session_id)
 
 
-async def disconnect_mid_stream(client: AsyncSessionClient, rng: random.Random,
-                                stats: Stats) -> None:
+async def disconnect_mid_stream(
+    client: AsyncSessionClient, rng: random.Random, stats: Stats
+) -> None:
     session = await client.open(timeout=60)
     call = client.generate(session.session_id, text=rng.choice(PROMPTS), max_new_tokens=64)
     async for _chunk in call:
@@ -78,8 +98,9 @@ async def disconnect_mid_stream(client: AsyncSessionClient, rng: random.Random,
     await client.close_session(session.session_id)
 
 
-async def converse(client: AsyncSessionClient, rng: random.Random, stats: Stats,
-                   hang_up: bool) -> None:
+async def converse(
+    client: AsyncSessionClient, rng: random.Random, stats: Stats, hang_up: bool
+) -> None:
     """Two inputs, the second barging in on the first turn's generation; then half-close."""
     inputs: asyncio.Queue = asyncio.Queue()
 
@@ -93,8 +114,11 @@ async def converse(client: AsyncSessionClient, rng: random.Random, stats: Stats,
     start = time.perf_counter()
     async for response in call:
         if response.HasField("opened"):
-            inputs.put_nowait(pb.ConverseRequest(input=generate_request(
-                text=rng.choice(PROMPTS), max_new_tokens=48)))
+            inputs.put_nowait(
+                pb.ConverseRequest(
+                    input=generate_request(text=rng.choice(PROMPTS), max_new_tokens=48)
+                )
+            )
             start = time.perf_counter()
             continue
         chunk = response.chunk
@@ -104,20 +128,33 @@ async def converse(client: AsyncSessionClient, rng: random.Random, stats: Stats,
             if hang_up:
                 call.cancel()  # disconnect mid-stream: the session is released
                 return
-            inputs.put_nowait(pb.ConverseRequest(input=generate_request(   # barge-in
-                text=rng.choice(PROMPTS), max_new_tokens=6)))
-        if chunk.finish_reason not in (pb.FINISH_REASON_UNSPECIFIED,
-                                       pb.FINISH_REASON_INTERRUPTED):
+            inputs.put_nowait(
+                pb.ConverseRequest(
+                    input=generate_request(  # barge-in
+                        text=rng.choice(PROMPTS), max_new_tokens=6
+                    )
+                )
+            )
+        if chunk.finish_reason not in (pb.FINISH_REASON_UNSPECIFIED, pb.FINISH_REASON_INTERRUPTED):
             inputs.put_nowait(None)  # half-close after the second turn ends
 
 
-async def worker(client: AsyncSessionClient, jobs: asyncio.Queue, stats: Stats,
-                 seed: int) -> None:
+async def worker(client: AsyncSessionClient, jobs: asyncio.Queue, stats: Stats, seed: int) -> None:
     rng = random.Random(seed)
     while not jobs.empty():
         index = jobs.get_nowait()
-        kind = ("multi_turn", "multi_turn", "multi_turn", "multi_turn", "multi_turn", "converse",
-                "converse", "converse", "disconnect", "converse_hang_up")[index % 10]
+        kind = (
+            "multi_turn",
+            "multi_turn",
+            "multi_turn",
+            "multi_turn",
+            "multi_turn",
+            "converse",
+            "converse",
+            "converse",
+            "disconnect",
+            "converse_hang_up",
+        )[index % 10]
         try:
             if kind == "multi_turn":
                 await multi_turn(client, rng, stats)
@@ -126,8 +163,9 @@ async def worker(client: AsyncSessionClient, jobs: asyncio.Queue, stats: Stats,
             else:
                 await converse(client, rng, stats, hang_up=kind == "converse_hang_up")
         except (grpc.aio.AioRpcError, asyncio.CancelledError) as exc:
-            if not (isinstance(exc, grpc.aio.AioRpcError) and exc.code() ==
-                    grpc.StatusCode.CANCELLED):
+            if not (
+                isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.CANCELLED
+            ):
                 raise
         stats.done += 1
         stats.kinds[kind] = stats.kinds.get(kind, 0) + 1
@@ -144,13 +182,24 @@ async def wait_back_at_capacity(client: AsyncSessionClient, timeout: float) -> l
 
 
 async def run_demo(args: argparse.Namespace) -> int:
-    config = ServeConfig(replicas=args.replicas, grpc_port=0, metrics_port=0,
-                         max_sessions=args.max_sessions, kv_tokens=8192, max_context=512,
-                         page_size=16, mamba_track_buffers=args.mamba_track_buffers,
-                         session_idle_timeout_s=60, open_timeout_s=60, strict=True)
-    print(f"demo: starting a local cluster of {args.replicas} replicas (tiny-bamba, "
-          f"{args.max_sessions} sessions each, {args.mamba_track_buffers} track buffers)...",
-          flush=True)
+    config = ServeConfig(
+        replicas=args.replicas,
+        grpc_port=0,
+        metrics_port=0,
+        max_sessions=args.max_sessions,
+        kv_tokens=8192,
+        max_context=512,
+        page_size=16,
+        mamba_track_buffers=args.mamba_track_buffers,
+        session_idle_timeout_s=60,
+        open_timeout_s=60,
+        strict=True,
+    )
+    print(
+        f"demo: starting a local cluster of {args.replicas} replicas (tiny-bamba, "
+        f"{args.max_sessions} sessions each, {args.mamba_track_buffers} track buffers)...",
+        flush=True,
+    )
     server = Server(config)
     await server.start()
     client = AsyncSessionClient(server.grpc_address)
@@ -161,31 +210,47 @@ async def run_demo(args: argparse.Namespace) -> int:
         for i in range(args.sessions):
             jobs.put_nowait(i)
         started = time.perf_counter()
-        workers = [asyncio.create_task(worker(client, jobs, stats, args.seed + i))
-                   for i in range(args.concurrency)]
+        workers = [
+            asyncio.create_task(worker(client, jobs, stats, args.seed + i))
+            for i in range(args.concurrency)
+        ]
         printed_during = False
         while not all(w.done() for w in workers):
             await asyncio.wait(workers, timeout=0.5)
             if not printed_during and stats.done >= args.sessions // 2:
                 printed_during = True
-                print(f"during ({stats.done}/{args.sessions} sessions done):\n"
-                      + pool_table(await client.replicas()) + "\n", flush=True)
+                print(
+                    f"during ({stats.done}/{args.sessions} sessions done):\n"
+                    + pool_table(await client.replicas())
+                    + "\n",
+                    flush=True,
+                )
         await asyncio.gather(*workers)
         elapsed = time.perf_counter() - started
         after = await wait_back_at_capacity(client, 10)
         print("after:\n" + pool_table(after) + "\n")
         ttft = sorted(stats.ttft)
         p99 = ttft[min(len(ttft) - 1, int(0.99 * len(ttft)))] if ttft else 0.0
-        print(f"sessions: {stats.done} in {elapsed:.1f} s = {stats.done / elapsed:.1f} sessions/s "
-              f"({', '.join(f'{k} {v}' for k, v in sorted(stats.kinds.items()))})")
+        print(
+            f"sessions: {stats.done} in {elapsed:.1f} s = {stats.done / elapsed:.1f} sessions/s "
+            f"({', '.join(f'{k} {v}' for k, v in sorted(stats.kinds.items()))})"
+        )
         if ttft:
-            print(f"time to first token: p50 {statistics.median(ttft) * 1e3:.1f} ms, "
-                  f"p99 {p99 * 1e3:.1f} ms over {len(ttft)} turns")
+            print(
+                f"time to first token: p50 {statistics.median(ttft) * 1e3:.1f} ms, "
+                f"p99 {p99 * 1e3:.1f} ms over {len(ttft)} turns"
+            )
         leaked = sum(abs(p.leaked) for r in after for p in r.pools)
         at_capacity = all(p.free == p.capacity for r in after for p in r.pools)
         ok = at_capacity and leaked == 0 and stats.done == args.sessions
-        print("result: " + ("OK - every pool is back at capacity, 0 slots leaked" if ok else
-                            f"FAILED - at capacity: {at_capacity}, leaked: {leaked}"))
+        print(
+            "result: "
+            + (
+                "OK - every pool is back at capacity, 0 slots leaked"
+                if ok
+                else f"FAILED - at capacity: {at_capacity}, leaked: {leaked}"
+            )
+        )
         return 0 if ok else 1
     finally:
         await client.close()

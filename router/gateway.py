@@ -79,8 +79,9 @@ class Gateway:
             raise Refused("INVALID_ARGUMENT", "idle_timeout_s must be >= 0 (0: server default)")
         route = await self.cluster.open(timeout, tenant)
         if isinstance(route, ActorError):
-            self.metrics.open_rejected_for("no_room" if route.code == "RESOURCE_EXHAUSTED"
-                                           else route.code.lower())
+            self.metrics.open_rejected_for(
+                "no_room" if route.code == "RESOURCE_EXHAUSTED" else route.code.lower()
+            )
         return check(route)
 
     async def submit(self, route: Route, request: pb.GenerateRequest) -> int:
@@ -93,11 +94,15 @@ class Gateway:
             raise Refused("INVALID_ARGUMENT", str(exc)) from None
         try:
             result = await route.handle.submit_turn.remote(
-                self.cluster.gateway_id, route.session_id, text, ids, sampling)
+                self.cluster.gateway_id, route.session_id, text, ids, sampling
+            )
         except Exception as exc:  # noqa: BLE001 - the replica died
             await self.cluster._replica_lost(route.replica_id, f"submit failed: {exc}")
-            raise Refused("ABORTED", f"the replica of session {route.session_id} died and its "
-                                     "state is gone; open a new session") from None
+            raise Refused(
+                "ABORTED",
+                f"the replica of session {route.session_id} died and its "
+                "state is gone; open a new session",
+            ) from None
         if isinstance(result, ActorError) and result.code == "NOT_FOUND":
             self.cluster.routes.pop(route.session_id, None)  # released on the replica (idle)
         return check(result)
@@ -160,8 +165,9 @@ class SessionService(pb_grpc.SessionServiceServicer):
 
     async def Converse(self, request_iterator, context) -> AsyncIterator[pb.ConverseResponse]:
         conversation = Conversation(self.gw, request_iterator, context)
-        async for response in run_stream(self.gw, "Converse", context, conversation.run(),
-                                         lambda code: conversation.end()):
+        async for response in run_stream(
+            self.gw, "Converse", context, conversation.run(), lambda code: conversation.end()
+        ):
             yield response
 
 
@@ -178,12 +184,16 @@ class GenerateCall:
 
     async def run(self) -> AsyncIterator[pb.GenerateChunk]:
         cluster, started = self.gw.cluster, time.perf_counter()
-        route = self.route = await self.gw.route(self.request.session_id,
-                                                 self.gw.tenant(self.context))
+        route = self.route = await self.gw.route(
+            self.request.session_id, self.gw.tenant(self.context)
+        )
         self.inbox = cluster.claim_inbox(route.session_id)
         if self.inbox is None:
-            raise Refused("FAILED_PRECONDITION", f"session {route.session_id} already has a turn "
-                          "running; wait for its last chunk or interrupt it")
+            raise Refused(
+                "FAILED_PRECONDITION",
+                f"session {route.session_id} already has a turn "
+                "running; wait for its last chunk or interrupt it",
+            )
         self.turn_id = await self.gw.submit(route, self.request)
         first = True
         while not self.finished:
@@ -197,12 +207,16 @@ class GenerateCall:
             return
         self.gw.cluster.drop_inbox(self.route.session_id, self.inbox)
         if self.turn_id is not None and not self.finished and code != "ABORTED":
-            self.gw.cluster.background(self.route.handle.cancel.remote(
-                self.route.session_id, "the client cancelled the call", self.turn_id))
+            self.gw.cluster.background(
+                self.route.handle.cancel.remote(
+                    self.route.session_id, "the client cancelled the call", self.turn_id
+                )
+            )
 
 
-async def run_stream(gateway: Gateway, method: str, context, stream: AsyncIterator,
-                     on_end: Callable[[str], None]) -> AsyncIterator:
+async def run_stream(
+    gateway: Gateway, method: str, context, stream: AsyncIterator, on_end: Callable[[str], None]
+) -> AsyncIterator:
     """Relay a streaming body, mapping ``Refused`` to its status; ``on_end(code)`` runs however
     the call ends (also when the client cancels), then the call is counted."""
     started, code = time.perf_counter(), "OK"
@@ -248,12 +262,14 @@ async def start_grpc_server(gateway: Gateway, port: int, host: str = "[::]") -> 
     pb_grpc.add_AdminServiceServicer_to_server(AdminService(gateway), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    names = [pb.DESCRIPTOR.services_by_name[n].full_name for n in ("SessionService",
-                                                                    "AdminService")]
+    names = [
+        pb.DESCRIPTOR.services_by_name[n].full_name for n in ("SessionService", "AdminService")
+    ]
     for name in ["", *names]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME],
-                                        server)
+    reflection.enable_server_reflection(
+        [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
+    )
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot listen on {host}:{port}")

@@ -56,11 +56,16 @@ class ServeConfig:
             raise ValueError("--replica-gpus must be >= 0")
 
     def replica_config(self) -> ReplicaConfig:
-        pools = PoolConfig(max_sessions=self.max_sessions, kv_tokens=self.kv_tokens,
-                           max_context=self.max_context, page_size=self.page_size,
-                           mamba_track_buffers=self.mamba_track_buffers)
-        return ReplicaConfig(pools=pools, session_idle_timeout_s=self.session_idle_timeout_s,
-                             strict=self.strict)
+        pools = PoolConfig(
+            max_sessions=self.max_sessions,
+            kv_tokens=self.kv_tokens,
+            max_context=self.max_context,
+            page_size=self.page_size,
+            mamba_track_buffers=self.mamba_track_buffers,
+        )
+        return ReplicaConfig(
+            pools=pools, session_idle_timeout_s=self.session_idle_timeout_s, strict=self.strict
+        )
 
 
 class Server:
@@ -86,26 +91,34 @@ class Server:
     async def start(self) -> None:
         cfg = self.config
         if not ray.is_initialized():
-            kwargs = {"namespace": NAMESPACE, "include_dashboard": False,
-                      "log_to_driver": True}
+            kwargs = {"namespace": NAMESPACE, "include_dashboard": False, "log_to_driver": True}
             if cfg.address:
                 kwargs["address"] = cfg.address
             else:  # the embedded instance stays on loopback
                 kwargs["_node_ip_address"] = "127.0.0.1"
             ray.init(**kwargs)
             self._started_ray = True
-        self.router = ray.remote(SessionRouter).options(
-            name=ROUTER_NAME, namespace=NAMESPACE, num_cpus=0, max_restarts=-1,
-            max_concurrency=10_000, get_if_exists=True,
-        ).remote(cfg.open_timeout_s, cfg.stale_after_s)
+        self.router = (
+            ray.remote(SessionRouter)
+            .options(
+                name=ROUTER_NAME,
+                namespace=NAMESPACE,
+                num_cpus=0,
+                max_restarts=-1,
+                max_concurrency=10_000,
+                get_if_exists=True,
+            )
+            .remote(cfg.open_timeout_s, cfg.stale_after_s)
+        )
         await self.start_replicas(cfg.replicas)
         self.cluster = Cluster(self.router)
         self.cluster.start()
         registry, gateway_metrics = build_registry(lambda: self.cluster.cached_views)
         self.metrics = serve_metrics(cfg.metrics_port, registry, cfg.host)
         gateway = Gateway(self.cluster, self.keys, gateway_metrics)
-        self.grpc = await start_grpc_server(gateway, cfg.grpc_port,
-                                            "[::]" if cfg.host == "0.0.0.0" else cfg.host)
+        self.grpc = await start_grpc_server(
+            gateway, cfg.grpc_port, "[::]" if cfg.host == "0.0.0.0" else cfg.host
+        )
 
     async def start_replicas(self, count: int) -> list[str]:
         from replica.actor import ReplicaActor
@@ -116,17 +129,25 @@ class Server:
         first = len(self.replicas)
         ids = [f"replica-{i}" for i in range(first, first + count)]
         for replica_id in ids:
-            handle = ray.remote(ReplicaActor).options(
-                name=f"{replica_id}", namespace=NAMESPACE, num_gpus=cfg.replica_gpus,
-                num_cpus=0 if cfg.replica_gpus else min(1, threads), max_concurrency=10_000,
-                runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads)}},
-            ).remote(replica_id, self.replica_config, cfg.model, cfg.model_path, ROUTER_NAME)
+            handle = (
+                ray.remote(ReplicaActor)
+                .options(
+                    name=f"{replica_id}",
+                    namespace=NAMESPACE,
+                    num_gpus=cfg.replica_gpus,
+                    num_cpus=0 if cfg.replica_gpus else min(1, threads),
+                    max_concurrency=10_000,
+                    runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads)}},
+                )
+                .remote(replica_id, self.replica_config, cfg.model, cfg.model_path, ROUTER_NAME)
+            )
             self.replicas[replica_id] = handle
         descs = await asyncio.gather(*(self.replicas[r].describe.remote() for r in ids))
         snaps = await asyncio.gather(*(self.replicas[r].snapshot.remote() for r in ids))
         for replica_id, desc, snap in zip(ids, descs, snaps):
             await self.router.register_replica.remote(
-                replica_id, self.replicas[replica_id], desc, (), snap)
+                replica_id, self.replicas[replica_id], desc, (), snap
+            )
         log.info("started %d replicas", count)
         return ids
 

@@ -20,8 +20,17 @@ import ray
 from replica.accounting import PoolSnapshot
 from router.server import ServeConfig, Server
 
-SMALL = dict(replicas=2, max_sessions=8, kv_tokens=4096, max_context=512, page_size=16,
-             grpc_port=0, metrics_port=0, host="127.0.0.1", strict=True)
+SMALL = dict(
+    replicas=2,
+    max_sessions=8,
+    kv_tokens=4096,
+    max_context=512,
+    page_size=16,
+    grpc_port=0,
+    metrics_port=0,
+    host="127.0.0.1",
+    strict=True,
+)
 
 
 class ServerThread:
@@ -31,8 +40,9 @@ class ServerThread:
         self.config = ServeConfig(**{**SMALL, **overrides})
         self.server = Server(self.config)
         self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="server-loop",
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=self.loop.run_forever, name="server-loop", daemon=True
+        )
 
     def call(self, coro, timeout: float | None = 120.0):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -78,8 +88,9 @@ class ServerThread:
             assert isinstance(snap, PoolSnapshot), f"{r}: {snap}"
         return dict(zip(ids, snaps))
 
-    def assert_no_leaks(self, replica_ids: Iterable[str] | None = None,
-                        at_capacity: bool = False) -> None:
+    def assert_no_leaks(
+        self, replica_ids: Iterable[str] | None = None, at_capacity: bool = False
+    ) -> None:
         """leaked == 0 on every pool (exact snapshots and the replicas' own invariant check);
         with ``at_capacity``, also no session open and every pool entirely free."""
         ids = list(self.replicas if replica_ids is None else replica_ids)
@@ -95,15 +106,18 @@ class ServerThread:
                 assert snap.open_sessions == 0, f"{r}: {snap.open_sessions} sessions open"
                 assert snap.running_requests == snap.waiting_requests == 0, r
 
-    def wait_at_capacity(self, replica_ids: Iterable[str] | None = None,
-                         timeout: float = 10.0) -> None:
+    def wait_at_capacity(
+        self, replica_ids: Iterable[str] | None = None, timeout: float = 10.0
+    ) -> None:
         """Poll until every replica holds no session and its pools are free, then check."""
         ids = list(self.replicas if replica_ids is None else replica_ids)
         deadline = time.monotonic() + timeout
         while True:
             snaps = self.snapshots(ids)
-            done = all(s.open_sessions == 0 and all(p.free == p.capacity for p in s.pools)
-                       for s in snaps.values())
+            done = all(
+                s.open_sessions == 0 and all(p.free == p.capacity for p in s.pools)
+                for s in snaps.values()
+            )
             if done or time.monotonic() > deadline:
                 break
             time.sleep(0.1)

@@ -15,11 +15,23 @@ def tiny_hf_bamba(n_groups: int = 1, tied: bool = False, seed: int = 0):
     name mapping shows up in the logits."""
     torch.manual_seed(seed)
     hf_cfg = transformers.BambaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, attn_layer_indices=[1, 3],
-        mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=n_groups, mamba_d_state=16,
-        mamba_chunk_size=16, initializer_range=0.05, tie_word_embeddings=tied,
-        eos_token_id=None, pad_token_id=None, bos_token_id=None,
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_layer_indices=[1, 3],
+        mamba_n_heads=8,
+        mamba_d_head=16,
+        mamba_n_groups=n_groups,
+        mamba_d_state=16,
+        mamba_chunk_size=16,
+        initializer_range=0.05,
+        tie_word_embeddings=tied,
+        eos_token_id=None,
+        pad_token_id=None,
+        bos_token_id=None,
     )
     model = transformers.BambaForCausalLM(hf_cfg).eval()
     with torch.no_grad():

@@ -96,25 +96,46 @@ class ServeProcess:
         grpc_port, metrics_port = free_port(), free_port()
         while metrics_port == grpc_port:
             metrics_port = free_port()
-        cmd = [sys.executable, "-m", "router.cli", "serve", *args,
-               "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
-               "--host", "127.0.0.1"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "router.cli",
+            "serve",
+            *args,
+            "--grpc-port",
+            str(grpc_port),
+            "--metrics-port",
+            str(metrics_port),
+            "--host",
+            "127.0.0.1",
+        ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with log.open("wb") as out:
-            proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd,
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + ready_timeout
         while True:
             text = log.read_text(errors="replace")
             if re.search(r"^session-router: ready\b", text, re.M):
                 break
             if proc.poll() is not None:
-                raise AssertionError(f"`{' '.join(cmd)}` exited with {proc.returncode} before "
-                                     f"printing its ready line; its output:\n{tail(log)}")
+                raise AssertionError(
+                    f"`{' '.join(cmd)}` exited with {proc.returncode} before "
+                    f"printing its ready line; its output:\n{tail(log)}"
+                )
             if time.monotonic() > deadline:
                 _kill_group(proc)
-                raise AssertionError(f"`{' '.join(cmd)}` printed no ready line within "
-                                     f"{ready_timeout:.0f}s; its output:\n{tail(log)}")
+                raise AssertionError(
+                    f"`{' '.join(cmd)}` printed no ready line within "
+                    f"{ready_timeout:.0f}s; its output:\n{tail(log)}"
+                )
             time.sleep(0.2)
         grpc_line = re.search(r"^session-router: gRPC listening on (\S+)$", text, re.M)
         metrics_line = re.search(r"^session-router: metrics on (\S+)$", text, re.M)
@@ -126,8 +147,7 @@ class ServeProcess:
             problems.append(f"no 'metrics on {want_url}' line")
         if problems:
             _kill_group(proc)
-            raise AssertionError(f"serve is ready but printed {'; '.join(problems)}:\n"
-                                 f"{tail(log)}")
+            raise AssertionError(f"serve is ready but printed {'; '.join(problems)}:\n{tail(log)}")
         return cls(proc, log, grpc_line.group(1), metrics_line.group(1), metrics_port)
 
     def stop(self, timeout: float = 30.0) -> int | None:
@@ -158,8 +178,11 @@ def prometheus_config(metrics_port: int, interval: str = "1s") -> dict:
     jobs = [job for job in config.get("scrape_configs", []) if job.get("job_name") == JOB]
     assert len(jobs) == 1, f"deploy/prometheus/prometheus.yml has no single job {JOB!r}"
     job = jobs[0]
-    job.update(scrape_interval=interval, scrape_timeout=interval,
-               static_configs=[{"targets": [f"127.0.0.1:{metrics_port}"]}])
+    job.update(
+        scrape_interval=interval,
+        scrape_timeout=interval,
+        static_configs=[{"targets": [f"127.0.0.1:{metrics_port}"]}],
+    )
     rules = [str((PROMETHEUS_DIR / path).resolve()) for path in config.get("rule_files", [])]
     alerts = str((PROMETHEUS_DIR / "alerts.yml").resolve())
     if alerts not in rules:
@@ -182,17 +205,29 @@ class Prometheus:
         config.write_text(yaml.safe_dump(prometheus_config(metrics_port), sort_keys=False))
         log = workdir / "prometheus.log"
         port = free_port()
-        cmd = [binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
-               f"--web.listen-address=127.0.0.1:{port}"]
+        cmd = [
+            binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ]
         with log.open("wb") as out:
-            proc = subprocess.Popen(cmd, cwd=workdir, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd,
+                cwd=workdir,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         server = cls(proc, log, f"http://127.0.0.1:{port}")
         deadline = time.monotonic() + ready_timeout
         while True:
             if proc.poll() is not None:
-                raise AssertionError(f"prometheus exited with {proc.returncode}; its log:\n"
-                                     f"{tail(log)}\nconfig:\n{config.read_text()}")
+                raise AssertionError(
+                    f"prometheus exited with {proc.returncode}; its log:\n"
+                    f"{tail(log)}\nconfig:\n{config.read_text()}"
+                )
             try:
                 http_get(f"{server.url}/-/ready", timeout=2)
                 return server
@@ -200,8 +235,9 @@ class Prometheus:
                 pass
             if time.monotonic() > deadline:
                 server.stop()
-                raise AssertionError(f"prometheus not ready within {ready_timeout:.0f}s; its "
-                                     f"log:\n{tail(log)}")
+                raise AssertionError(
+                    f"prometheus not ready within {ready_timeout:.0f}s; its log:\n{tail(log)}"
+                )
             time.sleep(0.2)
 
     def stop(self) -> None:
@@ -243,8 +279,9 @@ class Prometheus:
         assert len(result) == 1, f"{expr} returned {len(result)} series: {result}"
         return float(result[0]["value"][1])
 
-    def wait_value(self, expr: str, want: float, timeout: float = 15.0,
-                   check: Callable[[], None] | None = None) -> float:
+    def wait_value(
+        self, expr: str, want: float, timeout: float = 15.0, check: Callable[[], None] | None = None
+    ) -> float:
         """Poll ``expr`` until it equals ``want``; ``check`` runs on every poll."""
         deadline = time.monotonic() + timeout
         while True:
@@ -268,7 +305,7 @@ def has_data(result: list[dict]) -> bool:
 
 @dataclass(frozen=True)
 class DashboardQuery:
-    where: str        # e.g. "panel 'Mamba slots on $replica' target A"
+    where: str  # e.g. "panel 'Mamba slots on $replica' target A"
     expr: str
     legend: str = ""
 
@@ -293,8 +330,7 @@ def dashboard_queries(board: dict | None = None) -> list[DashboardQuery]:
             expr = target.get("expr")
             if expr is None:
                 continue
-            where = f"panel {panel.get('title', panel.get('id'))!r} target " \
-                    f"{target.get('refId', i)}"
+            where = f"panel {panel.get('title', panel.get('id'))!r} target {target.get('refId', i)}"
             found.append(DashboardQuery(where, expr, target.get("legendFormat", "") or ""))
     for var in board.get("templating", {}).get("list", []):
         if var.get("type") == "query":
@@ -305,8 +341,9 @@ def dashboard_queries(board: dict | None = None) -> list[DashboardQuery]:
     return found
 
 
-_LABEL_VALUES = re.compile(r"^\s*label_values\(\s*(?:(?P<sel>.+?)\s*,\s*)?(?P<label>\w+)\s*\)\s*$",
-                           re.S)
+_LABEL_VALUES = re.compile(
+    r"^\s*label_values\(\s*(?:(?P<sel>.+?)\s*,\s*)?(?P<label>\w+)\s*\)\s*$", re.S
+)
 _QUERY_RESULT = re.compile(r"^\s*query_result\((?P<expr>.+)\)\s*$", re.S)
 
 
@@ -350,6 +387,7 @@ def substitute(expr: str, values: dict[str, str]) -> str:
         if name not in values:
             raise KeyError(f"dashboard variable ${name} has no value in the test")
         return values[name]
+
     return _VAR.sub(one, expr)
 
 

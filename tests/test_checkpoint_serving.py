@@ -18,8 +18,12 @@ from router.client import SessionClient
 from tests.e2e_helpers import ServerThread
 from tests.hf_peer import VOCAB, tiny_hf_bamba
 
-CORPUS = ["the session keeps its state between turns", "hello there, how are you today?",
-          "mamba slots are freed when a session ends", "stream the tokens as they come"] * 20
+CORPUS = [
+    "the session keeps its state between turns",
+    "hello there, how are you today?",
+    "mamba slots are freed when a session ends",
+    "stream the tokens as they come",
+] * 20
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +33,11 @@ def checkpoint(tmp_path_factory) -> str:
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<unk>", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        special_tokens=["<unk>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(CORPUS, trainer)
     assert tok.get_vocab_size() <= VOCAB
     tok.save(str(path / "tokenizer.json"))

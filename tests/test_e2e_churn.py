@@ -22,18 +22,34 @@ from tests.e2e_helpers import ServerThread
 SESSIONS = 500
 CLIENTS = 16
 IDLE_TIMEOUT_S = 2.0  # server default; leftovers below also ask for a shorter one
-KINDS = ("generate", "generate", "generate", "leave_open", "generate_cancel",
-         "converse", "converse", "converse_disconnect", "converse_barge_in", "leave_open_short")
-RELEASE_REASON = {"generate": "closed", "generate_cancel": "closed",
-                  "leave_open": "idle_timeout", "leave_open_short": "idle_timeout",
-                  "converse": "stream_ended", "converse_disconnect": "stream_ended",
-                  "converse_barge_in": "stream_ended"}
+KINDS = (
+    "generate",
+    "generate",
+    "generate",
+    "leave_open",
+    "generate_cancel",
+    "converse",
+    "converse",
+    "converse_disconnect",
+    "converse_barge_in",
+    "leave_open_short",
+)
+RELEASE_REASON = {
+    "generate": "closed",
+    "generate_cancel": "closed",
+    "leave_open": "idle_timeout",
+    "leave_open_short": "idle_timeout",
+    "converse": "stream_ended",
+    "converse_disconnect": "stream_ended",
+    "converse_barge_in": "stream_ended",
+}
 
 
 @pytest.fixture(scope="module")
 def server():
-    srv = ServerThread(max_sessions=16, kv_tokens=8192, session_idle_timeout_s=IDLE_TIMEOUT_S,
-                       open_timeout_s=30.0).start()
+    srv = ServerThread(
+        max_sessions=16, kv_tokens=8192, session_idle_timeout_s=IDLE_TIMEOUT_S, open_timeout_s=30.0
+    ).start()
     yield srv
     srv.stop()
 
@@ -52,8 +68,9 @@ async def turn(client: AsyncSessionClient, sid: str, ids: list[int], n: int) -> 
     return got, committed
 
 
-async def run_generate(client: AsyncSessionClient, i: int, close: bool,
-                       idle_timeout_s: float = 0.0) -> None:
+async def run_generate(
+    client: AsyncSessionClient, i: int, close: bool, idle_timeout_s: float = 0.0
+) -> None:
     session = await client.open(idle_timeout_s=idle_timeout_s, timeout=60)
     committed = 0
     for t in range(1 if not close else 1 + i % 3):
@@ -68,8 +85,7 @@ async def run_generate(client: AsyncSessionClient, i: int, close: bool,
 async def run_generate_cancel(client: AsyncSessionClient, i: int) -> None:
     session = await client.open(timeout=60)
     await turn(client, session.session_id, tokens(i, 0), 3)
-    call = client.generate(session.session_id, tokens=tokens(i, 1), max_new_tokens=200,
-                           timeout=60)
+    call = client.generate(session.session_id, tokens=tokens(i, 1), max_new_tokens=200, timeout=60)
     got = 0
     async for chunk in call:
         got += len(chunk.token_ids)
@@ -99,8 +115,9 @@ async def run_converse(client: AsyncSessionClient, i: int, mode: str) -> None:
             yield item
 
     def send(t: int, n: int) -> None:
-        inputs.put_nowait(pb.ConverseRequest(input=generate_request(tokens=tokens(i, t),
-                                                                    max_new_tokens=n)))
+        inputs.put_nowait(
+            pb.ConverseRequest(input=generate_request(tokens=tokens(i, t), max_new_tokens=n))
+        )
 
     call = client.converse(requests())
     reasons, got, barged = [], 0, False

@@ -79,8 +79,12 @@ def test_replica_death(server):
     def states() -> dict[str, int]:
         return {r.replica_id: r.state for r in client.replicas()}
 
-    wait_for(lambda: states()[victim] == pb.REPLICA_STATE_DEAD, STALE_AFTER_S * 3, 0.2,
-             "ListReplicas to show the killed replica DEAD")
+    wait_for(
+        lambda: states()[victim] == pb.REPLICA_STATE_DEAD,
+        STALE_AFTER_S * 3,
+        0.2,
+        "ListReplicas to show the killed replica DEAD",
+    )
     assert states()[survivor] == pb.REPLICA_STATE_HEALTHY
     server.assert_no_leaks([survivor])
 
@@ -99,13 +103,21 @@ def test_router_detects_a_silent_death(server):
     def state_of(replica_id: str) -> int:
         return {r.replica_id: r.state for r in client.replicas()}.get(replica_id, 0)
 
-    wait_for(lambda: any(r.replica_id == added and r.pools for r in client.replicas()), 10, 0.2,
-             "the new replica's first snapshot")
+    wait_for(
+        lambda: any(r.replica_id == added and r.pools for r in client.replicas()),
+        10,
+        0.2,
+        "the new replica's first snapshot",
+    )
     assert state_of(added) == pb.REPLICA_STATE_HEALTHY
     killed = time.monotonic()
     ray.kill(server.replicas[added], no_restart=True)
-    wait_for(lambda: state_of(added) == pb.REPLICA_STATE_DEAD, STALE_AFTER_S * 4, 0.2,
-             "the router to mark the silent replica DEAD")
+    wait_for(
+        lambda: state_of(added) == pb.REPLICA_STATE_DEAD,
+        STALE_AFTER_S * 4,
+        0.2,
+        "the router to mark the silent replica DEAD",
+    )
     assert time.monotonic() - killed >= STALE_AFTER_S - 1.5  # it was the router's own check
     alive = [r for r in server.replicas if state_of(r) == pb.REPLICA_STATE_HEALTHY]
     assert alive and added not in alive
@@ -138,8 +150,9 @@ def test_router_restart_rebuilds_the_session_table(server):
 
     wait_for(rebuilt, 30, 0.2, "the restarted router to rebuild its session table")
     for s in sessions:  # routable through the router (GetSession) and still holding their state
-        assert client.sessions.GetSession(pb.GetSessionRequest(session_id=s.id)).committed_tokens \
-            == 5
+        assert (
+            client.sessions.GetSession(pb.GetSessionRequest(session_id=s.id)).committed_tokens == 5
+        )
         run_turn(s.generate(tokens=[1], max_new_tokens=1))
     fresh = client.open()
     assert fresh.replica_id in alive
@@ -173,7 +186,8 @@ def test_a_replica_declared_dead_by_mistake_rejoins_empty(server):
     def rejoined() -> bool:
         states = {r.replica_id: r.state for r in client.replicas()}
         return states[victim] == pb.REPLICA_STATE_HEALTHY and not server.sessions_on([victim])[
-            victim] & {s.id for s in mine}
+            victim
+        ] & {s.id for s in mine}
 
     wait_for(rejoined, 15, 0.2, "the fenced replica to release its sessions and rejoin")
     for s in sessions:
@@ -186,8 +200,12 @@ def test_a_replica_declared_dead_by_mistake_rejoins_empty(server):
 def test_drain_replica_keeps_its_sessions_and_takes_no_new_ones(server):
     client = SessionClient(server.address)
     (added,) = server.call(server.server.start_replicas(1))  # earlier tests left one healthy
-    wait_for(lambda: any(r.replica_id == added and r.pools for r in client.replicas()), 10, 0.2,
-             "the new replica's first snapshot")
+    wait_for(
+        lambda: any(r.replica_id == added and r.pools for r in client.replicas()),
+        10,
+        0.2,
+        "the new replica's first snapshot",
+    )
     alive = [r.replica_id for r in client.replicas() if r.state == pb.REPLICA_STATE_HEALTHY]
     assert len(alive) >= 2
     sessions = [client.open() for _ in range(2 * len(alive))]
@@ -196,8 +214,7 @@ def test_drain_replica_keeps_its_sessions_and_takes_no_new_ones(server):
     reply = client.admin.DrainReplica(pb.DrainReplicaRequest(replica_id=target))
     assert reply.replica.replica_id == target
     assert reply.replica.state == pb.REPLICA_STATE_DRAINING
-    assert {r.replica_id: r.state for r in client.replicas()}[target] == \
-        pb.REPLICA_STATE_DRAINING
+    assert {r.replica_id: r.state for r in client.replicas()}[target] == pb.REPLICA_STATE_DRAINING
     for s in kept:  # its sessions stay and keep working
         ids, reason, _ = run_turn(s.generate(tokens=[2, 7], max_new_tokens=2))
         assert len(ids) == 2 and reason == pb.FINISH_REASON_LENGTH

@@ -51,8 +51,7 @@ def test_every_turn_runs_on_the_pinned_replica(server, client):
     assert placed == set(server.replicas), f"sessions not spread over both replicas: {placed}"
     for turn in range(3):
         for n, s in enumerate(sessions):
-            ids, reason, committed = run_turn(s.generate(tokens=tokens(n + turn),
-                                                         max_new_tokens=4))
+            ids, reason, committed = run_turn(s.generate(tokens=tokens(n + turn), max_new_tokens=4))
             assert len(ids) == 4 and reason == pb.FINISH_REASON_LENGTH
             held = server.sessions_on()
             assert s.id in held[s.replica_id]
@@ -93,8 +92,9 @@ def test_converse_barge_in(server, client):
         if not reasons:
             first_turn.extend(chunk.token_ids)
             if len(first_turn) == 3:  # barge in while the first turn generates
-                q.put(pb.ConverseRequest(input=generate_request(tokens=tokens(4),
-                                                                max_new_tokens=5)))
+                q.put(
+                    pb.ConverseRequest(input=generate_request(tokens=tokens(4), max_new_tokens=5))
+                )
         else:
             second_turn.extend(chunk.token_ids)
         if chunk.finish_reason:
@@ -105,8 +105,11 @@ def test_converse_barge_in(server, client):
     assert 3 <= len(first_turn) < 400
     assert len(second_turn) == 5
     assert call.code() == grpc.StatusCode.OK
-    wait_for(lambda: opened.session_id not in server.sessions_on()[opened.replica_id], 2.0,
-             what="the half-closed stream's session to be released")
+    wait_for(
+        lambda: opened.session_id not in server.sessions_on()[opened.replica_id],
+        2.0,
+        what="the half-closed stream's session to be released",
+    )
     server.wait_at_capacity()
 
 
@@ -122,10 +125,17 @@ def test_converse_cancel_releases_the_session(server, client):
             break
     assert opened.session_id in server.sessions_on()[opened.replica_id]
     call.cancel()
-    wait_for(lambda: opened.session_id not in server.sessions_on()[opened.replica_id], 1.0,
-             what="the cancelled stream's session to be released (within a second)")
-    assert rpc_error(client.sessions.GetSession, pb.GetSessionRequest(
-        session_id=opened.session_id)).code() == grpc.StatusCode.NOT_FOUND
+    wait_for(
+        lambda: opened.session_id not in server.sessions_on()[opened.replica_id],
+        1.0,
+        what="the cancelled stream's session to be released (within a second)",
+    )
+    assert (
+        rpc_error(
+            client.sessions.GetSession, pb.GetSessionRequest(session_id=opened.session_id)
+        ).code()
+        == grpc.StatusCode.NOT_FOUND
+    )
     q.put(None)
     server.wait_at_capacity()
 

@@ -55,14 +55,22 @@ def expect(code: grpc.StatusCode, fn, *args, **kwargs) -> grpc.RpcError:
 def test_not_found(server, alice):
     unknown = secrets.token_hex(16)
     expect(Code.NOT_FOUND, alice.generate, unknown, tokens=[1, 2, 3], max_new_tokens=2)
-    expect(Code.NOT_FOUND, alice.sessions.GetSession, pb.GetSessionRequest(session_id=unknown),
-           metadata=alice.metadata)
+    expect(
+        Code.NOT_FOUND,
+        alice.sessions.GetSession,
+        pb.GetSessionRequest(session_id=unknown),
+        metadata=alice.metadata,
+    )
     s = alice.open()
     run_turn(s.generate(tokens=[1, 2, 3], max_new_tokens=2))
     assert s.close() is True
     expect(Code.NOT_FOUND, s.generate, tokens=[4, 5], max_new_tokens=2)
-    expect(Code.NOT_FOUND, alice.sessions.GetSession, pb.GetSessionRequest(session_id=s.id),
-           metadata=alice.metadata)
+    expect(
+        Code.NOT_FOUND,
+        alice.sessions.GetSession,
+        pb.GetSessionRequest(session_id=s.id),
+        metadata=alice.metadata,
+    )
     server.wait_at_capacity()
 
 
@@ -74,16 +82,29 @@ def test_invalid_argument(server, alice):
         expect(Code.INVALID_ARGUMENT, s.generate, tokens=[1], temperature=-0.5)
         expect(Code.INVALID_ARGUMENT, s.generate, tokens=[1], top_p=1.5)
         expect(Code.INVALID_ARGUMENT, alice.generate, "", tokens=[1], max_new_tokens=2)
-        expect(Code.INVALID_ARGUMENT, alice.sessions.GetSession, pb.GetSessionRequest(),
-               metadata=alice.metadata)
-        expect(Code.INVALID_ARGUMENT, alice.sessions.OpenSession,
-               pb.OpenSessionRequest(idle_timeout_s=-1), metadata=alice.metadata)
+        expect(
+            Code.INVALID_ARGUMENT,
+            alice.sessions.GetSession,
+            pb.GetSessionRequest(),
+            metadata=alice.metadata,
+        )
+        expect(
+            Code.INVALID_ARGUMENT,
+            alice.sessions.OpenSession,
+            pb.OpenSessionRequest(idle_timeout_s=-1),
+            metadata=alice.metadata,
+        )
         # none of the refusals touched the session: a valid turn still runs from scratch
         ids, reason, committed = run_turn(s.generate(tokens=[1, 2], max_new_tokens=3))
         assert len(ids) == 3 and reason == pb.FINISH_REASON_LENGTH and committed == 5
     first = pb.ConverseRequest(input=generate_request(tokens=[1, 2], max_new_tokens=2))
-    expect(Code.INVALID_ARGUMENT, alice.sessions.Converse, iter([first]),
-           metadata=alice.metadata, timeout=30)
+    expect(
+        Code.INVALID_ARGUMENT,
+        alice.sessions.Converse,
+        iter([first]),
+        metadata=alice.metadata,
+        timeout=30,
+    )
     server.wait_at_capacity()
 
 
@@ -122,8 +143,10 @@ def test_resource_exhausted(server, alice):
 
 
 def test_unauthenticated(server, alice):
-    with SessionClient(server.address) as anonymous, \
-            SessionClient(server.address, api_key="not-a-key") as stranger:
+    with (
+        SessionClient(server.address) as anonymous,
+        SessionClient(server.address, api_key="not-a-key") as stranger,
+    ):
         for c in (anonymous, stranger):
             expect(Code.UNAUTHENTICATED, c.open)
             expect(Code.UNAUTHENTICATED, c.replicas)
@@ -131,8 +154,12 @@ def test_unauthenticated(server, alice):
             for c in (anonymous, stranger):
                 expect(Code.UNAUTHENTICATED, c.generate, s.id, tokens=[1], max_new_tokens=2)
                 expect(Code.UNAUTHENTICATED, c.close_session, s.id)
-                expect(Code.UNAUTHENTICATED, c.sessions.Converse,
-                       iter([pb.ConverseRequest(open=pb.OpenSessionRequest())]), timeout=30)
+                expect(
+                    Code.UNAUTHENTICATED,
+                    c.sessions.Converse,
+                    iter([pb.ConverseRequest(open=pb.OpenSessionRequest())]),
+                    timeout=30,
+                )
             run_turn(s.generate(tokens=[1], max_new_tokens=2))  # still alice's, still open
     server.wait_at_capacity()
 
@@ -140,8 +167,12 @@ def test_unauthenticated(server, alice):
 def test_permission_denied(server, alice, bob):
     with alice.open() as s:
         expect(Code.PERMISSION_DENIED, bob.generate, s.id, tokens=[1], max_new_tokens=2)
-        expect(Code.PERMISSION_DENIED, bob.sessions.GetSession,
-               pb.GetSessionRequest(session_id=s.id), metadata=bob.metadata)
+        expect(
+            Code.PERMISSION_DENIED,
+            bob.sessions.GetSession,
+            pb.GetSessionRequest(session_id=s.id),
+            metadata=bob.metadata,
+        )
         expect(Code.PERMISSION_DENIED, bob.close_session, s.id)
         ids, _, committed = run_turn(s.generate(tokens=[1], max_new_tokens=2))
         assert committed == 3, "bob's refused calls changed alice's session"
@@ -150,13 +181,11 @@ def test_permission_denied(server, alice, bob):
 
 def test_close_is_idempotent_and_get_session_reports_committed(server, alice):
     s = alice.open()
-    got = alice.sessions.GetSession(pb.GetSessionRequest(session_id=s.id),
-                                    metadata=alice.metadata)
+    got = alice.sessions.GetSession(pb.GetSessionRequest(session_id=s.id), metadata=alice.metadata)
     assert (got.committed_tokens, got.turn_running) == (0, False)
     assert got.replica_id == s.replica_id and got.max_context_tokens == server.config.max_context
     _, _, committed = run_turn(s.generate(tokens=[5, 6, 7, 8], max_new_tokens=6))
-    got = alice.sessions.GetSession(pb.GetSessionRequest(session_id=s.id),
-                                    metadata=alice.metadata)
+    got = alice.sessions.GetSession(pb.GetSessionRequest(session_id=s.id), metadata=alice.metadata)
     assert got.committed_tokens == committed == 10
     assert alice.close_session(s.id) is True
     assert alice.close_session(s.id) is False
@@ -167,16 +196,18 @@ def test_close_is_idempotent_and_get_session_reports_committed(server, alice):
 def test_health_and_reflection(server):
     with grpc.insecure_channel(server.address) as channel:
         health = health_pb2_grpc.HealthStub(channel)
-        for service in ("", "session_router.v1.SessionService",
-                        "session_router.v1.AdminService"):
+        for service in ("", "session_router.v1.SessionService", "session_router.v1.AdminService"):
             reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
             assert reply.status == health_pb2.HealthCheckResponse.SERVING, service
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
         request = reflection_pb2.ServerReflectionRequest(list_services="")
         (reply,) = list(stub.ServerReflectionInfo(iter([request]), timeout=10))
         names = {s.name for s in reply.list_services_response.service}
-    assert {"session_router.v1.SessionService", "session_router.v1.AdminService",
-            "grpc.health.v1.Health"} <= names
+    assert {
+        "session_router.v1.SessionService",
+        "session_router.v1.AdminService",
+        "grpc.health.v1.Health",
+    } <= names
     server.assert_no_leaks(at_capacity=True)
 
 
@@ -201,8 +232,11 @@ def test_converse_refused_input_ends_stream_and_releases(server, alice):
         raise AssertionError("a refused input did not end the stream")
     finally:
         q.put(None)
-    wait_for(lambda: opened.session_id not in server.sessions_on()[opened.replica_id], 2.0,
-             what="the Converse session to be released")
+    wait_for(
+        lambda: opened.session_id not in server.sessions_on()[opened.replica_id],
+        2.0,
+        what="the Converse session to be released",
+    )
     server.wait_at_capacity()
 
 
@@ -219,13 +253,23 @@ def test_aborted_after_the_replica_died(server, alice):
         assert "open a new session" in err.details()
     # the router knows too: a second try, and GetSession, are ABORTED as well
     expect(Code.ABORTED, doomed[0].generate, tokens=[3], max_new_tokens=2)
-    expect(Code.ABORTED, alice.sessions.GetSession, pb.GetSessionRequest(session_id=doomed[0].id),
-           metadata=alice.metadata)
+    expect(
+        Code.ABORTED,
+        alice.sessions.GetSession,
+        pb.GetSessionRequest(session_id=doomed[0].id),
+        metadata=alice.metadata,
+    )
     survivors = [r for r in server.replicas if r != victim]
     for s in sessions:
         if s.replica_id != victim:
             run_turn(s.generate(tokens=[3], max_new_tokens=2))
         s.close()
-    wait_for(lambda: any(r.replica_id == victim and r.state == pb.REPLICA_STATE_DEAD
-                         for r in alice.replicas()), 10, 0.2, "the replica to be marked DEAD")
+    wait_for(
+        lambda: any(
+            r.replica_id == victim and r.state == pb.REPLICA_STATE_DEAD for r in alice.replicas()
+        ),
+        10,
+        0.2,
+        "the replica to be marked DEAD",
+    )
     server.wait_at_capacity(survivors)

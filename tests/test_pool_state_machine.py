@@ -23,8 +23,9 @@ def make_machine(page_size: int):
     class PoolMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
-            self.pool, _, _ = make_pools(max_sessions=6, kv_tokens=128, page_size=page_size,
-                                         track=1, max_context=64)
+            self.pool, _, _ = make_pools(
+                max_sessions=6, kv_tokens=128, page_size=page_size, track=1, max_context=64
+            )
             self.seqs: dict = {}  # SeqSlots -> length (positions with KV slots)
             self.freed: list = []  # sequences already freed (for double-free attempts)
 
@@ -86,8 +87,7 @@ def make_machine(page_size: int):
             held_pages = sum(pages_for(n, p) for n in self.seqs.values())
             assert self.pool.kv_pool.free_tokens == self.pool.kv_pool.token_slots - held_pages * p
             assert self.pool.num_free == self.pool.rows - len(self.seqs)
-            assert self.pool.mamba_pool.num_free == \
-                self.pool.mamba_pool.slots - 2 * len(self.seqs)
+            assert self.pool.mamba_pool.num_free == self.pool.mamba_pool.slots - 2 * len(self.seqs)
             owner: dict[int, object] = {}
             for seq, n in self.seqs.items():
                 slots = self.pool.req_to_token[seq.req_pool_idx, :n].long()

@@ -41,11 +41,21 @@ MAX_SESSIONS = 8
 TRACK_BUFFERS = 2
 SLOTS_PER_SESSION = 1 + TRACK_BUFFERS
 SERVE_ARGS = [
-    "--replicas", "2", "--max-sessions", str(MAX_SESSIONS),
-    "--mamba-track-buffers", str(TRACK_BUFFERS), "--kv-tokens", "4096", "--max-context", "512",
+    "--replicas",
+    "2",
+    "--max-sessions",
+    str(MAX_SESSIONS),
+    "--mamba-track-buffers",
+    str(TRACK_BUFFERS),
+    "--kv-tokens",
+    "4096",
+    "--max-context",
+    "512",
     # Tests run strict (DESIGN.md, accounting); a short open timeout makes the forced
     # RESOURCE_EXHAUSTED (for the "Opens rejected" panel) cost 1 s instead of 10.
-    "--strict", "--open-timeout-s", "1",
+    "--strict",
+    "--open-timeout-s",
+    "1",
 ]
 HELD = 'sum(session_router_pool_slots{pool="mamba",state="session_held"})'
 LEAKED_MAX = "max(session_router_pool_leaked_slots)"
@@ -60,8 +70,10 @@ def serve(tmp_path_factory):
     server = ServeProcess.start(log, SERVE_ARGS, ready_timeout=120)
     yield server
     code = server.stop(timeout=30)
-    assert code == 0, (f"`session-router serve` did not exit 0 within 30 s of SIGTERM "
-                       f"(exit status {code}); its output:\n{tail(log)}")
+    assert code == 0, (
+        f"`session-router serve` did not exit 0 within 30 s of SIGTERM "
+        f"(exit status {code}); its output:\n{tail(log)}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +81,9 @@ def prom(serve, tmp_path_factory):
     server = Prometheus.start(tmp_path_factory.mktemp("prometheus"), serve.metrics_port)
     try:
         # The target is up and the serve process's metrics are in the TSDB.
-        server.wait_value(f'up{{job="session-router",instance="127.0.0.1:{serve.metrics_port}"}}',
-                          1, timeout=20)
+        server.wait_value(
+            f'up{{job="session-router",instance="127.0.0.1:{serve.metrics_port}"}}', 1, timeout=20
+        )
         server.wait_value("count(session_router_replica_up)", 2, timeout=20)
         yield server
     finally:
@@ -85,8 +98,10 @@ def client(serve):
 
 def assert_no_leak(prom: Prometheus) -> None:
     value = prom.scalar(LEAKED_MAX)
-    assert value == 0, f"{LEAKED_MAX} is {value}; the pools leak:\n" \
-                       f"{prom.query('session_router_pool_leaked_slots != 0')}"
+    assert value == 0, (
+        f"{LEAKED_MAX} is {value}; the pools leak:\n"
+        f"{prom.query('session_router_pool_leaked_slots != 0')}"
+    )
 
 
 def alert_names() -> list[str]:
@@ -95,8 +110,9 @@ def alert_names() -> list[str]:
 
 
 def test_idle_sessions_hold_exact_mamba_slots_and_rules_stay_quiet(prom, client):
-    assert prom.scalar("sum(session_router_sessions_pinned)") == 0, \
+    assert prom.scalar("sum(session_router_sessions_pinned)") == 0, (
         "sessions are already open: this test must run first in the module"
+    )
     prom.wait_value(HELD, 0, check=lambda: assert_no_leak(prom))
 
     sessions = [client.open(timeout=30) for _ in range(6)]
@@ -169,8 +185,9 @@ def activity(prom, client):
         opened = keep
         for turn in range(2):
             for session in keep:
-                ids, _, reason = session.complete(f"turn {turn} of {session.id[:8]}",
-                                                  max_new_tokens=8)
+                ids, _, reason = session.complete(
+                    f"turn {turn} of {session.id[:8]}", max_new_tokens=8
+                )
                 assert ids and reason, (turn, session.id, ids, reason)
         prom.wait_value("sum(session_router_sessions_pinned)", len(keep))
         prom.wait_value('sum(session_router_open_rejected_total{reason="no_room"})', 1)
@@ -213,8 +230,11 @@ def variable_choices(prom, activity) -> dict[str, tuple[str, ...]]:
 
 def test_dashboard_has_queries():
     assert len(QUERIES) >= 10, QUERIES
-    datasource_vars = {v["name"] for v in dashboard().get("templating", {}).get("list", [])
-                       if v.get("type") == "datasource"}
+    datasource_vars = {
+        v["name"]
+        for v in dashboard().get("templating", {}).get("list", [])
+        if v.get("type") == "datasource"
+    }
     for q in QUERIES:
         assert q.expr.strip(), f"{q.where} has an empty expression"
         used = set(variables_in(q.expr)) & datasource_vars
@@ -240,12 +260,15 @@ def test_dashboard_query_returns_data(prom, activity, variable_choices, query):
             if has_data(result) or time.monotonic() > deadline:
                 break
             time.sleep(0.25)
-        assert has_data(result), f"{query.where}: {expr} (variables {values}) returned no " \
-                                 f"data: {result}"
+        assert has_data(result), (
+            f"{query.where}: {expr} (variables {values}) returned no data: {result}"
+        )
         for label in legend_labels(query.legend):
             lacking = [s["metric"] for s in result if label not in s["metric"]]
-            assert not lacking, (f"{query.where}: legend {query.legend!r} uses {{{{{label}}}}}"
-                                 f" but {expr} returns series without it: {lacking}")
+            assert not lacking, (
+                f"{query.where}: legend {query.legend!r} uses {{{{{label}}}}}"
+                f" but {expr} returns series without it: {lacking}"
+            )
 
 
 # ----- promtool -------------------------------------------------------------------------------
@@ -254,12 +277,17 @@ def test_dashboard_query_returns_data(prom, activity, variable_choices, query):
 def test_promtool_check_metrics_on_live_exposition(serve, activity):
     promtool = require_tool("promtool")
     exposition = http_get(serve.metrics_url)
-    for family in ("session_router_pool_slots", "session_router_rpc_requests_total",
-                   "session_router_time_to_first_token_seconds_bucket",
-                   "session_router_open_rejected_total"):
+    for family in (
+        "session_router_pool_slots",
+        "session_router_rpc_requests_total",
+        "session_router_time_to_first_token_seconds_bucket",
+        "session_router_open_rejected_total",
+    ):
         assert family.encode() in exposition, f"{family} missing from {serve.metrics_url}"
-    result = subprocess.run([promtool, "check", "metrics"], input=exposition,
-                            capture_output=True, timeout=60)
+    result = subprocess.run(
+        [promtool, "check", "metrics"], input=exposition, capture_output=True, timeout=60
+    )
     assert result.returncode == 0, (
         f"promtool check metrics failed ({result.returncode}) on {serve.metrics_url}:\n"
-        f"{result.stdout.decode(errors='replace')}{result.stderr.decode(errors='replace')}")
+        f"{result.stdout.decode(errors='replace')}{result.stderr.decode(errors='replace')}"
+    )
