@@ -17,46 +17,18 @@ import logging
 import secrets
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import Any
 
 from replica.accounting import PoolSnapshot
-from replica.outputs import ActorError, ReplicaDescription, SessionInfo
+from replica.outputs import ActorError, ReplicaDescription
 from router.placement import choose_replica, room_report
+from router.table import ReplicaEntry, Route, SessionEntry
 from router.views import ReplicaHealth, ReplicaView
 
 log = logging.getLogger(__name__)
 
 ROUTER_NAME = "session-router"
 MAX_TOMBSTONES = 100_000
-
-
-@dataclass(slots=True, eq=False)
-class ReplicaEntry:
-    handle: Any
-    desc: ReplicaDescription
-    health: ReplicaHealth = ReplicaHealth.HEALTHY
-    snapshot: PoolSnapshot | None = None
-    reported_at: float = field(default_factory=time.monotonic)
-    pinned: set[str] = field(default_factory=set)
-    reserved: int = 0  # sessions placed since the latest snapshot
-    lost: int = 0  # sessions lost when the replica died
-
-
-@dataclass(slots=True)
-class SessionEntry:
-    replica_id: str
-    tenant: str
-    last_active: float
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    session_id: str
-    replica_id: str
-    handle: Any
-    info: SessionInfo | None = None
-    tenant: str = ""  # the owner; a cached route is only used for this tenant
 
 
 class SessionRouter:
@@ -188,24 +160,10 @@ class SessionRouter:
         if entry.health != ReplicaHealth.DEAD:
             await entry.handle.drain.remote(draining)
             entry.health = ReplicaHealth.DRAINING if draining else ReplicaHealth.HEALTHY
-        return self._view(replica_id, entry)
-
-    def _view(self, replica_id: str, entry: ReplicaEntry) -> ReplicaView:
-        age = time.monotonic() - entry.reported_at if entry.snapshot else 0.0
-        return ReplicaView(
-            replica_id,
-            entry.desc.node_id,
-            entry.health,
-            entry.snapshot,
-            age,
-            len(entry.pinned),
-            entry.desc.mamba_slots_per_session,
-            entry.desc.kv_tokens_per_session,
-            entry.lost,
-        )
+        return entry.view(replica_id)
 
     async def views(self) -> list[ReplicaView]:
-        return [self._view(rid, entry) for rid, entry in sorted(self.replicas.items())]
+        return [entry.view(rid) for rid, entry in sorted(self.replicas.items())]
 
     # ----- sessions -----------------------------------------------------------------------
 
@@ -247,7 +205,7 @@ class SessionRouter:
         deadline = time.monotonic() + self.open_timeout_s
         refused: dict[str, int] = {}
         while True:
-            views = [self._view(rid, e) for rid, e in self.replicas.items()]
+            views = [e.view(rid) for rid, e in self.replicas.items()]
             reserved = {rid: e.reserved + refused.get(rid, 0) for rid, e in self.replicas.items()}
             replica_id = choose_replica(views, reserved)
             if replica_id is not None:

@@ -22,7 +22,7 @@ from typing import Any
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from replica.outputs import ActorError, TurnEvent
-from router.actor import Route
+from router.table import Route
 from router.views import ReplicaHealth, ReplicaView
 
 log = logging.getLogger(__name__)

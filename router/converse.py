@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 from protos import session_router_pb2 as pb
 from replica.outputs import TurnEvent
-from router.actor import Route
-from router.convert import session_to_proto
+from router.convert import Refused, session_to_proto
+from router.table import Route
 
 if TYPE_CHECKING:
     from router.gateway import Gateway
@@ -37,8 +37,6 @@ class Conversation:
         self.reader: asyncio.Task | None = None
 
     async def run(self) -> AsyncIterator[pb.ConverseResponse]:
-        from router.gateway import Refused
-
         tenant = self.gw.tenant(self.context)
         first = await anext(aiter(self.requests), None)
         if first is None or first.WhichOneof("kind") != "open":
@@ -73,8 +71,6 @@ class Conversation:
 
     async def _read(self, inbox: asyncio.Queue) -> None:
         """Forward the client's requests into the inbox, in order, with the engine's events."""
-        from router.gateway import Refused
-
         try:
             async for request in self.requests:
                 kind = request.WhichOneof("kind")

@@ -6,11 +6,26 @@ import grpc
 
 from protos import session_router_pb2 as pb
 from replica.errors import InvalidRequestError
-from replica.outputs import SessionInfo, TurnEvent
+from replica.outputs import ActorError, SessionInfo, TurnEvent
 from replica.request import SamplingParams
 from router.views import ReplicaView
 
 MAX_STOP_TOKENS = 64
+
+
+class Refused(Exception):
+    """Ends an RPC with ``code`` and ``message``."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def check(result):
+    """``result`` itself, or ``Refused`` when it is an ``ActorError``."""
+    if isinstance(result, ActorError):
+        raise Refused(result.code, result.message)
+    return result
 
 
 def status_code(name: str) -> grpc.StatusCode:

@@ -21,11 +21,12 @@ from protos import session_router_pb2 as pb
 from protos import session_router_pb2_grpc as pb_grpc
 from replica.errors import InvalidRequestError
 from replica.outputs import ActorError, TurnEvent
-from router.actor import Route
 from router.auth import ApiKeys, Unauthenticated
-from router.cluster import Cluster, next_turn_event
+from router.cluster import Cluster
 from router.converse import Conversation
 from router.convert import (
+    Refused,
+    check,
     chunk_from_event,
     replica_to_proto,
     sampling_from_proto,
@@ -33,25 +34,13 @@ from router.convert import (
     status_code,
     turn_input,
 )
+from router.generate import GenerateCall
 from router.metrics import GatewayMetrics
+from router.table import Route
 
 log = logging.getLogger(__name__)
 
 MAX_TEXT_BYTES = 1 << 20
-
-
-class Refused(Exception):
-    """Ends an RPC with ``code`` and ``message``."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def check(result):
-    if isinstance(result, ActorError):
-        raise Refused(result.code, result.message)
-    return result
 
 
 class Gateway:
@@ -169,49 +158,6 @@ class SessionService(pb_grpc.SessionServiceServicer):
             self.gw, "Converse", context, conversation.run(), lambda code: conversation.end()
         ):
             yield response
-
-
-class GenerateCall:
-    """One turn streamed to one client. If the call ends before the turn's last chunk (client
-    cancel, deadline), the turn is cancelled on the replica, which rolls the session back."""
-
-    def __init__(self, gateway: Gateway, request: pb.GenerateRequest, context) -> None:
-        self.gw, self.request, self.context = gateway, request, context
-        self.route: Route | None = None
-        self.inbox: asyncio.Queue | None = None
-        self.turn_id: int | None = None
-        self.finished = False
-
-    async def run(self) -> AsyncIterator[pb.GenerateChunk]:
-        cluster, started = self.gw.cluster, time.perf_counter()
-        route = self.route = await self.gw.route(
-            self.request.session_id, self.gw.tenant(self.context)
-        )
-        self.inbox = cluster.claim_inbox(route.session_id)
-        if self.inbox is None:
-            raise Refused(
-                "FAILED_PRECONDITION",
-                f"session {route.session_id} already has a turn "
-                "running; wait for its last chunk or interrupt it",
-            )
-        self.turn_id = await self.gw.submit(route, self.request)
-        first = True
-        while not self.finished:
-            event = await next_turn_event(self.inbox, self.turn_id)
-            self.finished = event.finished
-            yield self.gw.chunk(event, started, first)
-            first = False
-
-    def end(self, code: str) -> None:
-        if self.inbox is None:
-            return
-        self.gw.cluster.drop_inbox(self.route.session_id, self.inbox)
-        if self.turn_id is not None and not self.finished and code != "ABORTED":
-            self.gw.cluster.background(
-                self.route.handle.cancel.remote(
-                    self.route.session_id, "the client cancelled the call", self.turn_id
-                )
-            )
 
 
 async def run_stream(

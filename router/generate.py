@@ -1,0 +1,59 @@
+"""One ``Generate`` call: a turn streamed to one client."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from protos import session_router_pb2 as pb
+from router.cluster import next_turn_event
+from router.convert import Refused
+from router.table import Route
+
+if TYPE_CHECKING:
+    from router.gateway import Gateway
+
+
+class GenerateCall:
+    """One turn streamed to one client. If the call ends before the turn's last chunk (client
+    cancel, deadline), the turn is cancelled on the replica, which rolls the session back."""
+
+    def __init__(self, gateway: Gateway, request: pb.GenerateRequest, context) -> None:
+        self.gw, self.request, self.context = gateway, request, context
+        self.route: Route | None = None
+        self.inbox: asyncio.Queue | None = None
+        self.turn_id: int | None = None
+        self.finished = False
+
+    async def run(self) -> AsyncIterator[pb.GenerateChunk]:
+        cluster, started = self.gw.cluster, time.perf_counter()
+        route = self.route = await self.gw.route(
+            self.request.session_id, self.gw.tenant(self.context)
+        )
+        self.inbox = cluster.claim_inbox(route.session_id)
+        if self.inbox is None:
+            raise Refused(
+                "FAILED_PRECONDITION",
+                f"session {route.session_id} already has a turn "
+                "running; wait for its last chunk or interrupt it",
+            )
+        self.turn_id = await self.gw.submit(route, self.request)
+        first = True
+        while not self.finished:
+            event = await next_turn_event(self.inbox, self.turn_id)
+            self.finished = event.finished
+            yield self.gw.chunk(event, started, first)
+            first = False
+
+    def end(self, code: str) -> None:
+        if self.inbox is None:
+            return
+        self.gw.cluster.drop_inbox(self.route.session_id, self.inbox)
+        if self.turn_id is not None and not self.finished and code != "ABORTED":
+            self.gw.cluster.background(
+                self.route.handle.cancel.remote(
+                    self.route.session_id, "the client cancelled the call", self.turn_id
+                )
+            )
