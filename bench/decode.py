@@ -58,7 +58,8 @@ def decode_run(engine: Engine, n: int, prompt_len: int, new: int, device: str) -
         submitted[rid] = time.perf_counter()
     decode_s, decode_tokens, total = 0.0, 0, 0
     while engine.has_work:
-        decode_only = not engine.scheduler.plan().prefill
+        # a step admits waiting turns before it plans, and then runs their prefill
+        decode_only = not engine.scheduler.waiting and not engine.scheduler.plan().prefill
         start = time.perf_counter()
         events = engine.step()
         sync(device)
