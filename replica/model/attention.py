@@ -66,31 +66,6 @@ class Attention(nn.Module):
         k_buf: torch.Tensor,
         v_buf: torch.Tensor,
         kv_slots: torch.Tensor,
-        new_slots: torch.Tensor,
-        valid: torch.Tensor,
-    ) -> torch.Tensor:
-        """One sequence's chunk ``h [L, hidden]``.
-
-        ``kv_slots [T]`` are the slots of all positions up to the chunk's end, ``new_slots [L]``
-        the chunk's own (written here), ``valid [L, T]`` the causal mask.
-        """
-        length = h.shape[0]
-        q, k, v = self._qkv(h, cos, sin)
-        k_buf[new_slots] = k.to(k_buf.dtype)
-        v_buf[new_slots] = v.to(v_buf.dtype)
-        keys = k_buf.index_select(0, kv_slots).to(q.dtype).permute(1, 0, 2)[None]  # [1, Hkv, T, D]
-        values = v_buf.index_select(0, kv_slots).to(q.dtype).permute(1, 0, 2)[None]
-        out = gqa_attention(q.permute(1, 0, 2)[None], keys, values, valid[None], self.scale)
-        return self.o_proj(out[0].permute(1, 0, 2).reshape(length, -1))
-
-    def extend_batch(
-        self,
-        h: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        k_buf: torch.Tensor,
-        v_buf: torch.Tensor,
-        kv_slots: torch.Tensor,
         real: torch.Tensor,
         new_slots: torch.Tensor,
         valid: torch.Tensor,

@@ -16,7 +16,6 @@ from replica.model.attention import Attention
 from replica.model.buffers import LayerBuffers
 from replica.model.layers import GatedMLP, RMSNorm, RotaryEmbedding
 from replica.model.mamba2 import Mamba2Mixer
-from replica.model.ssd_batch import mixer_extend_batch
 
 
 class DecoderLayer(nn.Module):
@@ -93,37 +92,11 @@ class BambaModel(nn.Module):
         Returns ``[L, vocab]`` when ``all_logits`` else ``[1, vocab]`` (the last position).
         Feeding a prompt in one chunk or in several gives the same logits up to float rounding.
         """
-        length = int(input_ids.shape[0])
-        if length == 0:
-            raise ValueError("forward_extend needs at least one token")
-        if kv_slots.shape[0] != start_pos + length:
-            raise ValueError(
-                f"kv_slots has {kv_slots.shape[0]} entries, expected start_pos + L = "
-                f"{start_pos + length}"
-            )
-        device = self.device
-        input_ids = input_ids.to(device)
-        kv_slots = kv_slots.to(device=device, dtype=torch.long)
-        new_slots = kv_slots[start_pos:]
-        positions = torch.arange(start_pos, start_pos + length, device=device)
-        keys = torch.arange(start_pos + length, device=device)
-        valid = keys[None, :] <= positions[:, None]  # [L, T] causal mask
-        h = self.embed_tokens(input_ids)
-        cos, sin = self.rotary(positions, h.dtype)
-        fresh = start_pos == 0
-        for layer in self.layers:
-            x = layer.input_layernorm(h)
-            o = layer.ordinal
-            if layer.is_attention:
-                x = layer.self_attn.extend(
-                    x, cos, sin, buffers.k[o], buffers.v[o], kv_slots, new_slots, valid
-                )
-            else:
-                x = layer.mamba.extend(x, buffers.conv[o], buffers.ssm[o], mamba_slot, fresh)
-            h = layer.finish(h, x)
-        if not all_logits:
-            h = h[-1:]
-        return self.lm_head(self.final_layernorm(h)).float()
+        slot = torch.tensor([mamba_slot], dtype=torch.long)
+        logits = self.forward_extend_batch(
+            [input_ids], [start_pos], slot, [kv_slots], buffers, all_logits=all_logits
+        )
+        return logits[0] if all_logits else logits
 
     @torch.inference_mode()
     def forward_extend_batch(
@@ -133,14 +106,16 @@ class BambaModel(nn.Module):
         mamba_slots: torch.Tensor,
         kv_slots: list[torch.Tensor],
         buffers: LayerBuffers,
+        all_logits: bool = False,
     ) -> torch.Tensor:
-        """:meth:`forward_extend` of ``B`` sequences' chunks in one forward; logits ``[B, vocab]``.
+        """:meth:`forward_extend` of ``B`` sequences' chunks in one forward; logits ``[B, vocab]``
+        (``[B, L_max, vocab]`` when ``all_logits``, meaningless beyond each row's length).
 
         Sequence ``b`` has ``input_ids[b] [L_b]`` at positions ``start_pos[b] ..``, its state in
         the distinct slot ``mamba_slots[b]`` and its K/V slots in ``kv_slots[b]`` (``start_pos[b]
         + L_b`` entries), exactly as one :meth:`forward_extend` call; returns the logits of each
         sequence's last position. The chunks are right-padded to the longest; padding is masked
-        out of attention and made inert in the Mamba2 mixers (see :mod:`replica.model.ssd_batch`),
+        out of attention and made inert in the Mamba2 mixers (see :meth:`Mamba2Mixer.extend`),
         so each row equals its own :meth:`forward_extend` up to float rounding.
         """
         batch = len(input_ids)
@@ -177,15 +152,16 @@ class BambaModel(nn.Module):
             x = layer.input_layernorm(h)
             o = layer.ordinal
             if layer.is_attention:
-                x = layer.self_attn.extend_batch(
+                x = layer.self_attn.extend(
                     x, cos, sin, buffers.k[o], buffers.v[o], kv, real, new_slots, valid
                 )
             else:
-                x = mixer_extend_batch(
-                    layer.mamba, x, lengths, buffers.conv[o], buffers.ssm[o], mamba_slots, fresh
+                x = layer.mamba.extend(
+                    x, lengths, buffers.conv[o], buffers.ssm[o], mamba_slots, fresh
                 )
             h = layer.finish(h, x)
-        h = h[torch.arange(batch, device=device), lengths - 1]
+        if not all_logits:
+            h = h[torch.arange(batch, device=device), lengths - 1]
         return self.lm_head(self.final_layernorm(h)).float()
 
     @torch.inference_mode()

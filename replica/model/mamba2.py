@@ -1,8 +1,10 @@
 """The Mamba2 mixer of Bamba, with its conv and SSM state in externally owned slot buffers.
 
-Two paths: :meth:`Mamba2Mixer.extend` runs one sequence's chunk of tokens with the chunked SSD
-algorithm from the state in its slot; :meth:`Mamba2Mixer.decode` runs one token of each of a batch
-of sequences with the single-step recurrence, gathering and scattering states by slot index.
+Two paths. :meth:`Mamba2Mixer.extend` runs a batch of right-padded chunks (one per sequence) with
+the chunked SSD algorithm from the state in each sequence's slot: padding is made inert (its
+``dt`` is 0, so it adds no input and no decay; the conv is causal) and each row's final conv state
+is read at its own last real positions. :meth:`Mamba2Mixer.decode` runs one token of each of a
+batch of sequences with the single-step recurrence, gathering and scattering states by slot.
 The SSM runs in float32 whatever the model dtype.
 """
 
@@ -14,87 +16,7 @@ from torch import nn
 
 from replica.config import ModelConfig
 from replica.model.layers import GatedRMSNorm
-
-
-def segsum(x: torch.Tensor) -> torch.Tensor:
-    """``out[..., i, j] = sum(x[..., j+1 : i+1])`` for ``i >= j``, ``-inf`` above the diagonal.
-
-    Built from masked cumulative sums (not differences of cumsums), which keeps it exact for the
-    long decaying sums the SSD needs.
-    """
-    t = x.shape[-1]
-    xe = x[..., None].expand(*x.shape, t)
-    strict = torch.tril(torch.ones(t, t, dtype=torch.bool, device=x.device), diagonal=-1)
-    out = torch.cumsum(xe.masked_fill(~strict, 0.0), dim=-2)
-    lower = torch.tril(torch.ones(t, t, dtype=torch.bool, device=x.device), diagonal=0)
-    return out.masked_fill(~lower, -torch.inf)
-
-
-def _expand_groups(t: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """``[..., groups, d]`` -> ``[..., n_heads, d]``; head ``h`` uses group ``h // (n_heads/g)``."""
-    *prefix, g, d = t.shape
-    return t[..., None, :].expand(*prefix, g, n_heads // g, d).reshape(*prefix, n_heads, d)
-
-
-def ssd_chunk_scan(
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    chunk_size: int,
-    initial_state: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Chunked SSD scan of one sequence (Mamba2 "ssd_minimal"), without the ``D`` skip term.
-
-    Shapes: ``x [L, h, p]``, ``dt [L, h]`` (already softplus'ed and clamped), ``A [h]``
-    (negative), ``B``/``C [L, g, n]``, ``initial_state [h, p, n]`` (zeros when None).
-    Returns ``y [L, h, p]`` and the final state ``[h, p, n]``, both float32.
-    """
-    length, n_heads, _ = x.shape
-    chunk_size = min(chunk_size, length)  # the same scan; no padding of short inputs
-    x = x.float()
-    dt = dt.float()
-    B = _expand_groups(B.float(), n_heads)
-    C = _expand_groups(C.float(), n_heads)
-    xdt = x * dt[..., None]
-    adt = A.float() * dt  # [L, h]
-
-    n_chunks = -(-length // chunk_size)
-    pad = n_chunks * chunk_size - length
-    if pad:  # zero input and zero decay: padded steps leave the state unchanged
-        xdt, B, C = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (xdt, B, C))
-        adt = F.pad(adt, (0, 0, 0, pad))
-    xdt = xdt.view(n_chunks, chunk_size, n_heads, -1)  # c l h p
-    B = B.view(n_chunks, chunk_size, n_heads, -1)  # c l h n
-    C = C.view(n_chunks, chunk_size, n_heads, -1)
-    adt = adt.view(n_chunks, chunk_size, n_heads).permute(2, 0, 1)  # h c l
-    a_cum = torch.cumsum(adt, dim=-1)
-
-    # 1. Within each chunk: attention-like C B^T weighted by the decay between positions.
-    decay = torch.exp(segsum(adt))  # h c l s
-    scores = torch.einsum("clhn,cshn->hcls", C, B) * decay
-    y_diag = torch.einsum("hcls,cshp->clhp", scores, xdt)
-
-    # 2. The state each chunk contributes at its end.
-    decay_to_end = torch.exp(a_cum[..., -1:] - a_cum)  # h c l
-    chunk_states = torch.einsum("clhn,hcl,clhp->chpn", B, decay_to_end, xdt)
-
-    # 3. Recurrence across chunks, from the initial state: the state at the start of each chunk.
-    if initial_state is None:
-        init = torch.zeros_like(chunk_states[:1])
-    else:
-        init = initial_state.to(device=x.device, dtype=torch.float32)[None]
-    chunk_states = torch.cat([init, chunk_states], dim=0)  # z h p n, z = c + 1
-    decay_chunk = torch.exp(segsum(F.pad(a_cum[..., -1], (1, 0))))  # h z z
-    states = torch.einsum("hcz,zhpn->chpn", decay_chunk, chunk_states)
-    states, final_state = states[:-1], states[-1]
-
-    # 4. Each chunk's start state read out through C, decayed to each position.
-    y_off = torch.einsum("clhn,chpn,hcl->clhp", C, states, torch.exp(a_cum))
-
-    y = (y_diag + y_off).reshape(n_chunks * chunk_size, n_heads, -1)[:length]
-    return y, final_state
+from replica.model.ssd import expand_groups, ssd_chunk_scan
 
 
 class Mamba2Mixer(nn.Module):
@@ -143,47 +65,55 @@ class Mamba2Mixer(nn.Module):
     def extend(
         self,
         h: torch.Tensor,
+        lengths: torch.Tensor,
         conv_buf: torch.Tensor,
         ssm_buf: torch.Tensor,
-        slot: int,
-        fresh: bool,
+        slots: torch.Tensor,
+        fresh: torch.Tensor,
     ) -> torch.Tensor:
-        """Mix ``h [L, hidden]`` (one sequence) continuing from the state in ``slot``.
+        """Mix ``h [B, L, hidden]`` (row ``b``: ``lengths[b]`` real tokens, then padding).
 
-        ``fresh=True`` starts from zero state whatever the slot holds. The final conv and SSM
-        state are written back into ``slot``.
+        ``slots [B]`` (distinct) hold each row's conv/SSM state, ``fresh [B]`` (bool) marks rows
+        that start from zero state whatever their slot holds. Each row's final state is written
+        back into its slot. Outputs at padded positions are meaningless.
         """
-        length = h.shape[0]
+        batch, length, _ = h.shape
         k1 = self.d_conv - 1
         gate, xbc, dt = self.in_proj(h).split(
             [self.intermediate, self.conv_dim, self.n_heads], dim=-1
         )
-        if fresh:
-            prev = xbc.new_zeros(self.conv_dim, k1)
-        else:
-            prev = conv_buf[slot].to(xbc.dtype)
-        window = torch.cat([prev, xbc.t()], dim=-1)  # [conv_dim, k1 + L]
-        conv_buf[slot] = window[:, -k1:]
+        real = torch.arange(length, device=h.device)[None, :] < lengths[:, None]  # [B, L]
+
+        prev = conv_buf.index_select(0, slots).to(xbc.dtype)  # [B, conv_dim, k1]
+        prev = torch.where(fresh[:, None, None], torch.zeros_like(prev), prev)
+        window = torch.cat([prev, xbc.transpose(1, 2)], dim=-1)  # [B, conv_dim, k1 + L]
+        # the last k1 inputs of row b end at its last real token: window[:, :, len_b : len_b + k1]
+        idx = lengths[:, None] + torch.arange(k1, device=h.device)[None, :]  # [B, k1]
+        last = window.gather(2, idx[:, None, :].expand(batch, self.conv_dim, k1))
+        conv_buf[slots] = last.to(conv_buf.dtype)
         w = self.conv1d.weight
-        xbc = F.conv1d(window[None].to(w.dtype), w, self.conv1d.bias, groups=self.conv_dim)
-        xbc = F.silu(xbc[0]).t().to(h.dtype)  # [L, conv_dim]
+        xbc = F.conv1d(window.to(w.dtype), w, self.conv1d.bias, groups=self.conv_dim)
+        xbc = F.silu(xbc).transpose(1, 2).to(h.dtype)  # [B, L, conv_dim]
 
         gs = self.n_groups * self.d_state
         x, B, C = xbc.split([self.intermediate, gs, gs], dim=-1)
         A = -torch.exp(self.A_log.float())
-        x = x.reshape(length, self.n_heads, self.head_dim)
+        x = x.reshape(batch, length, self.n_heads, self.head_dim)
+        dt = torch.where(real[..., None], self._dt(dt), 0.0)  # padding: no input, no decay
+        init = ssm_buf.index_select(0, slots).float()
+        init = torch.where(fresh[:, None, None, None], torch.zeros_like(init), init)
         y, final = ssd_chunk_scan(
             x,
-            self._dt(dt),
+            dt,
             A,
-            B.reshape(length, self.n_groups, self.d_state),
-            C.reshape(length, self.n_groups, self.d_state),
+            B.reshape(batch, length, self.n_groups, self.d_state),
+            C.reshape(batch, length, self.n_groups, self.d_state),
             self.chunk_size,
-            None if fresh else ssm_buf[slot],
+            init,
         )
-        ssm_buf[slot] = final
+        ssm_buf[slots] = final.to(ssm_buf.dtype)
         y = y + self.D.float()[:, None] * x.float()
-        y = self.norm(y.reshape(length, self.intermediate), gate)
+        y = self.norm(y.reshape(batch, length, self.intermediate), gate)
         return self.out_proj(y.to(h.dtype))
 
     def decode(
@@ -213,8 +143,8 @@ class Mamba2Mixer(nn.Module):
         gs = self.n_groups * self.d_state
         x, B, C = xbc.split([self.intermediate, gs, gs], dim=-1)
         x = x.float().reshape(batch, self.n_heads, self.head_dim)
-        B = _expand_groups(B.float().reshape(batch, self.n_groups, self.d_state), self.n_heads)
-        C = _expand_groups(C.float().reshape(batch, self.n_groups, self.d_state), self.n_heads)
+        B = expand_groups(B.float().reshape(batch, self.n_groups, self.d_state), self.n_heads)
+        C = expand_groups(C.float().reshape(batch, self.n_groups, self.d_state), self.n_heads)
         dt = self._dt(dt)  # [B, h]
         dA = torch.exp(dt * -torch.exp(self.A_log.float()))
         state = ssm_buf.index_select(0, slots).float()  # [B, h, p, n]
