@@ -123,7 +123,9 @@ class Engine:
         return req
 
     def interrupt(self, session_id: str) -> bool:
-        """Barge-in: end the session's turn now, keeping what it generated (INTERRUPTED)."""
+        """Barge-in: end the session's turn now (INTERRUPTED). What it generated stays committed,
+        and so does its whole input: what was not folded in yet is folded first next turn,
+        whether the turn was running or still waiting to be admitted."""
         req, running = self.scheduler.find(session_id)
         if req is None:
             return False
@@ -131,7 +133,9 @@ class Engine:
             self._end_turn(req, FinishReason.INTERRUPTED)
         else:
             self.scheduler.waiting.remove(req)
-            self._emit_end(req, FinishReason.INTERRUPTED, self.sessions.get(session_id))
+            slot = self.sessions.get(session_id)
+            slot.pending_ids = (*slot.pending_ids, *req.input_ids)  # fits: checked at submit
+            self._emit_end(req, FinishReason.INTERRUPTED, slot)
         return True
 
     def cancel(

@@ -252,8 +252,16 @@ def test_interrupt_waiting_turn():
     engine.step()
     assert engine.interrupt("b")
     event = end_event(engine.take_events(), rb.rid)
-    assert event.finish_reason is FinishReason.INTERRUPTED and event.committed_tokens == 0
+    # like an interrupted running turn, the input stays in the conversation (folded next turn)
+    assert event.finish_reason is FinishReason.INTERRUPTED and event.committed_tokens == 20
+    assert engine.session_info("b").committed_tokens == 20
     drain(engine)
+    engine.close_session("a")  # make room in the tiny KV pool for a reference session
+    got = run_turn(engine, "b", token_ids(6, 3), greedy(4))
+    engine.open_session("ref")
+    run_turn(engine, "ref", token_ids(20, 2), greedy(0))
+    assert run_turn(engine, "ref", token_ids(6, 3), greedy(4)) == got
+    assert_same_state(session_state(engine, "b"), session_state(engine, "ref"))
     close_and_check(engine)
 
 
