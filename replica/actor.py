@@ -149,9 +149,9 @@ class ReplicaActor:
         if text is not None and token_ids is not None:
             return ActorError("INVALID_ARGUMENT", "give either text or tokens, not both")
         ids = self.tokenizer.encode(text) if text is not None else list(token_ids or [])
-        self._session_gateway[session_id] = gateway_id
-        result = await self._call(lambda: self.engine.submit(session_id, ids, sampling).rid)
-        return result
+        if session_id in self._session_tenant:  # only sessions this replica holds get a route
+            self._session_gateway[session_id] = gateway_id
+        return await self._call(lambda: self.engine.submit(session_id, ids, sampling).rid)
 
     async def interrupt(self, session_id: str) -> bool | ActorError:
         return await self._call(self.engine.interrupt, session_id)
