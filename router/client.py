@@ -41,24 +41,15 @@ def generate_request(
     return request
 
 
-def _metadata(api_key: str | None) -> tuple:
-    return (("authorization", f"Bearer {api_key}"),) if api_key else ()
+class _Stubs:
+    """The stubs, credentials and turn call shared by the blocking and the asyncio client; the
+    stubs behave alike over either kind of channel (calls are iterators or async iterators)."""
 
-
-class SessionClient:
-    def __init__(self, address: str, api_key: str | None = None) -> None:
-        self.channel = grpc.insecure_channel(address)
-        self.sessions = pb_grpc.SessionServiceStub(self.channel)
-        self.admin = pb_grpc.AdminServiceStub(self.channel)
-        self.metadata = _metadata(api_key)
-
-    def open(self, idle_timeout_s: float = 0.0, timeout: float | None = None) -> Session:
-        msg = self.sessions.OpenSession(
-            pb.OpenSessionRequest(idle_timeout_s=idle_timeout_s),
-            metadata=self.metadata,
-            timeout=timeout,
-        )
-        return Session(self, msg)
+    def __init__(self, channel, api_key: str | None) -> None:
+        self.channel = channel
+        self.sessions = pb_grpc.SessionServiceStub(channel)
+        self.admin = pb_grpc.AdminServiceStub(channel)
+        self.metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
 
     def generate(
         self,
@@ -67,9 +58,23 @@ class SessionClient:
         tokens=None,
         timeout: float | None = None,
         **sampling,
-    ) -> Iterator[pb.GenerateChunk]:
+    ):
+        """One turn; iterate the returned call for its ``GenerateChunk``s."""
         request = generate_request(session_id, text, tokens, **sampling)
         return self.sessions.Generate(request, metadata=self.metadata, timeout=timeout)
+
+
+class SessionClient(_Stubs):
+    def __init__(self, address: str, api_key: str | None = None) -> None:
+        super().__init__(grpc.insecure_channel(address), api_key)
+
+    def open(self, idle_timeout_s: float = 0.0, timeout: float | None = None) -> Session:
+        msg = self.sessions.OpenSession(
+            pb.OpenSessionRequest(idle_timeout_s=idle_timeout_s),
+            metadata=self.metadata,
+            timeout=timeout,
+        )
+        return Session(self, msg)
 
     def close_session(self, session_id: str) -> bool:
         return self.sessions.CloseSession(
@@ -119,14 +124,11 @@ class Session:
         self.close()
 
 
-class AsyncSessionClient:
+class AsyncSessionClient(_Stubs):
     """The same over grpc.aio, for many concurrent sessions from one process."""
 
     def __init__(self, address: str, api_key: str | None = None) -> None:
-        self.channel = grpc.aio.insecure_channel(address)
-        self.sessions = pb_grpc.SessionServiceStub(self.channel)
-        self.admin = pb_grpc.AdminServiceStub(self.channel)
-        self.metadata = _metadata(api_key)
+        super().__init__(grpc.aio.insecure_channel(address), api_key)
 
     async def open(self, idle_timeout_s: float = 0.0, timeout: float | None = None) -> pb.Session:
         return await self.sessions.OpenSession(
@@ -134,17 +136,6 @@ class AsyncSessionClient:
             metadata=self.metadata,
             timeout=timeout,
         )
-
-    def generate(
-        self,
-        session_id: str,
-        text: str | None = None,
-        tokens=None,
-        timeout: float | None = None,
-        **sampling,
-    ) -> AsyncIterator[pb.GenerateChunk]:
-        request = generate_request(session_id, text, tokens, **sampling)
-        return self.sessions.Generate(request, metadata=self.metadata, timeout=timeout)
 
     def converse(self, requests: AsyncIterator[pb.ConverseRequest]):
         """Full duplex: ``requests`` starts with ``open``; iterate the call for responses."""
