@@ -19,9 +19,9 @@ import time
 import torch
 
 from replica.config import PoolConfig, ReplicaConfig
-from replica.engine import Engine
+from replica.engine.engine import Engine
+from replica.engine.request import SamplingParams
 from replica.model import build_tiny_bamba
-from replica.request import SamplingParams
 
 
 def make_engine(max_sessions: int, device: str, chunk: int) -> Engine:

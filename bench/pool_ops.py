@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 import time
 
-from replica.config import ModelConfig, PoolConfig
-from replica.hybrid_pool import HybridReqToTokenPool
-from replica.request import Req
-from replica.session import StreamingSession
+from replica.config import PoolConfig
+from replica.engine.request import Req
+from replica.model.config import ModelConfig
+from replica.pools.hybrid_pool import HybridReqToTokenPool
+from replica.sessions.session import StreamingSession
 
 
 def timed(fn, seconds: float) -> tuple[int, float]:

@@ -338,8 +338,8 @@ class DirectGateway:
         return session_id
 
     async def turn(self, handle, session_id: str, max_new_tokens: int) -> int:
+        from replica.engine.request import SamplingParams
         from replica.outputs import ActorError
-        from replica.request import SamplingParams
 
         inbox = self.inboxes[session_id]
         turn_id = await handle.submit_turn.remote(
@@ -396,7 +396,7 @@ class DirectGateway:
 
 class InProcess:
     def __init__(self, server) -> None:
-        from replica.engine import Engine
+        from replica.engine.engine import Engine
         from replica.model import load
 
         cfg = server.config
@@ -406,7 +406,7 @@ class InProcess:
         self._ids = itertools.count()
 
     def _start(self, max_new_tokens: int, session_id: str | None = None) -> str:
-        from replica.request import SamplingParams
+        from replica.engine.request import SamplingParams
 
         if session_id is None:
             session_id = f"inproc-{next(self._ids)}"

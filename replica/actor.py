@@ -21,10 +21,10 @@ from collections import defaultdict
 from typing import Any
 
 from replica.config import ReplicaConfig
-from replica.engine import Engine
+from replica.engine.engine import Engine
+from replica.engine.request import SamplingParams
 from replica.errors import ReplicaError
 from replica.outputs import ActorError, ReplicaDescription, SessionInfo, TurnEvent
-from replica.request import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class ReplicaActor:
 
     async def _ensure_started(self) -> None:
         if self._async is None:
-            from replica.async_engine import AsyncEngine
+            from replica.engine.async_engine import AsyncEngine
 
             self._async = AsyncEngine(self.engine, self._dispatch, self._note_released)
             if self.router_name:

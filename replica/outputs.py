@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from replica.request import FinishReason
+from replica.engine.request import FinishReason
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,8 +19,8 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from replica.accounting import PoolSnapshot
 from replica.outputs import ActorError, ReplicaDescription
+from replica.pools.accounting import PoolSnapshot
 from router.placement import choose_replica, room_report
 from router.table import ReplicaEntry, Route, SessionEntry
 from router.views import ReplicaHealth, ReplicaView

@@ -5,9 +5,9 @@ from __future__ import annotations
 import grpc
 
 from protos import session_router_pb2 as pb
+from replica.engine.request import SamplingParams
 from replica.errors import InvalidRequestError
 from replica.outputs import ActorError, SessionInfo, TurnEvent
-from replica.request import SamplingParams
 from router.views import ReplicaView
 
 MAX_STOP_TOKENS = 64

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from replica.accounting import POOL_NAMES
+from replica.pools.accounting import POOL_NAMES
 from router.views import ReplicaHealth, ReplicaView
 
 POOL_STATES = ("free", "in_use", "session_held", "cached")

@@ -7,8 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from replica.accounting import PoolSnapshot
 from replica.outputs import ReplicaDescription, SessionInfo
+from replica.pools.accounting import PoolSnapshot
 from router.views import ReplicaHealth, ReplicaView
 
 

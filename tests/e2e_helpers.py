@@ -17,7 +17,7 @@ from collections.abc import Iterable
 import grpc
 import ray
 
-from replica.accounting import PoolSnapshot
+from replica.pools.accounting import PoolSnapshot
 from router.server import ServeConfig, Server
 
 SMALL = dict(

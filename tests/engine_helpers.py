@@ -7,11 +7,12 @@ from functools import lru_cache
 
 import torch
 
-from replica.config import ModelConfig, PoolConfig, ReplicaConfig
-from replica.engine import Engine
+from replica.config import PoolConfig, ReplicaConfig
+from replica.engine.engine import Engine
+from replica.engine.request import FinishReason, SamplingParams
 from replica.model import BambaModel, Tokenizer, build_tiny_bamba, load_model
+from replica.model.config import ModelConfig
 from replica.outputs import TurnEvent
-from replica.request import FinishReason, SamplingParams
 
 MAX_STEPS = 100_000
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from replica.accounting import PoolSnapshot, PoolStats
+from replica.pools.accounting import PoolSnapshot, PoolStats
 from router.views import ReplicaHealth, ReplicaView
 
 

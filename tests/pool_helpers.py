@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from replica.accounting import InvariantChecker, PoolSnapshot, count_pools
-from replica.config import ModelConfig, PoolConfig
-from replica.hybrid_pool import HybridReqToTokenPool
-from replica.request import Req
-from replica.session import StreamingSession
+from replica.config import PoolConfig
+from replica.engine.request import Req
+from replica.model.config import ModelConfig
+from replica.pools.accounting import InvariantChecker, PoolSnapshot, count_pools
+from replica.pools.hybrid_pool import HybridReqToTokenPool
+from replica.sessions.session import StreamingSession
 
 TINY_MODEL = ModelConfig()
 

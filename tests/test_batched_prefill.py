@@ -11,8 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from replica.config import ModelConfig, PoolConfig
+from replica.config import PoolConfig
 from replica.model import BambaModel, LayerBuffers, build_tiny_bamba
+from replica.model.config import ModelConfig
 from replica.model.factory import init_weights
 from tests.engine_helpers import (
     assert_same_state,

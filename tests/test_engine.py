@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from replica.config import PoolConfig
-from replica.engine import Engine
+from replica.engine.engine import Engine
+from replica.engine.request import FinishReason, SamplingParams
 from replica.errors import (
     ContextOverflowError,
     InvalidRequestError,
@@ -16,7 +17,6 @@ from replica.errors import (
     TurnRunningError,
 )
 from replica.outputs import TurnEvent
-from replica.request import FinishReason, SamplingParams
 from tests.engine_helpers import (
     assert_all_free,
     assert_same_state,

@@ -9,7 +9,7 @@ import random
 import time
 
 from replica.config import PoolConfig
-from replica.request import FinishReason, SamplingParams
+from replica.engine.request import FinishReason, SamplingParams
 from tests.engine_helpers import assert_all_free, drain, make_engine
 
 SESSIONS = 2000

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from replica.config import PoolConfig
-from replica.request import FinishReason
+from replica.engine.request import FinishReason
 from tests.engine_helpers import (
     close_and_check,
     greedy,

@@ -8,7 +8,6 @@ import os
 import pytest
 import torch
 
-from replica.config import ModelConfig
 from replica.model import (
     ByteTokenizer,
     IncrementalDetokenizer,
@@ -18,6 +17,7 @@ from replica.model import (
     load_model,
     save_checkpoint,
 )
+from replica.model.config import ModelConfig
 
 TEXT = (
     "Sessions keep their Mamba state on one replica; each turn continues from it. "

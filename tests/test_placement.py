@@ -7,7 +7,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replica.accounting import PoolSnapshot, PoolStats
+from replica.pools.accounting import PoolSnapshot, PoolStats
 from router.placement import (
     candidates,
     choose_replica,

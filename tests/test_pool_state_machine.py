@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from replica.errors import PoolExhaustedError, SlotStateError
-from replica.kv_pool import pages_for
+from replica.pools.kv_pool import pages_for
 from tests.pool_helpers import make_pools
 
 

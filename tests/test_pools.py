@@ -1,9 +1,9 @@
 import pytest
 import torch
 
+from replica.engine.request import Req
 from replica.errors import PoolExhaustedError, SlotStateError
-from replica.kv_pool import pages_for
-from replica.request import Req
+from replica.pools.kv_pool import pages_for
 from tests.pool_helpers import assert_all_free, assert_consistent, make_pools
 
 

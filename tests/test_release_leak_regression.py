@@ -6,7 +6,7 @@ cycles. ``session_held_mamba_slots`` must equal (idle sessions) x 3 exactly at e
 session whose turn is in the running batch excluded.
 """
 
-from replica.request import Req
+from replica.engine.request import Req
 from tests.pool_helpers import assert_all_free, assert_consistent, grow, make_pools
 
 CYCLES = 10_000

@@ -1,5 +1,6 @@
 import pytest
 
+from replica.engine.request import Req
 from replica.errors import (
     InvalidRequestError,
     PoolExhaustedError,
@@ -7,7 +8,6 @@ from replica.errors import (
     SlotStateError,
     TurnRunningError,
 )
-from replica.request import Req
 from tests.pool_helpers import assert_all_free, assert_consistent, grow, make_pools
 
 

@@ -23,8 +23,8 @@ from hypothesis.stateful import (
     rule,
 )
 
+from replica.engine.request import Req
 from replica.errors import PoolExhaustedError, SessionNotFoundError, TurnRunningError
-from replica.request import Req
 from tests.pool_helpers import assert_all_free, assert_consistent, grow, make_pools
 
 

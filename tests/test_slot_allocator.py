@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from replica.errors import PoolExhaustedError, SlotStateError
-from replica.slot_allocator import SlotAllocator
+from replica.pools.slot_allocator import SlotAllocator
 
 
 def test_hands_out_in_order_then_lifo():

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from replica.config import ModelConfig
+from replica.model.config import ModelConfig
 from replica.model.layers import apply_rotary
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from replica.config import ModelConfig
 from replica.model.attention import Attention
 from replica.model.buffers import LayerBuffers
+from replica.model.config import ModelConfig
 from replica.model.layers import GatedMLP, RMSNorm, RotaryEmbedding
 from replica.model.mamba2 import Mamba2Mixer
 

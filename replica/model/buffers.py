@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import torch
 
-from replica.config import ModelConfig
+from replica.model.config import ModelConfig
 
 
 class LayerBuffers(NamedTuple):

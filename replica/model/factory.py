@@ -7,8 +7,8 @@ import math
 import torch
 from torch import nn
 
-from replica.config import ModelConfig
 from replica.model.bamba import BambaModel
+from replica.model.config import ModelConfig
 from replica.model.loader import load_model
 from replica.model.tokenizer import ByteTokenizer, Tokenizer
 

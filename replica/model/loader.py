@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from replica.config import ModelConfig
 from replica.model.bamba import BambaModel
+from replica.model.config import ModelConfig
 from replica.model.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 
 _LIST_LIMIT = 20

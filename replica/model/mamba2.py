@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from replica.config import ModelConfig
+from replica.model.config import ModelConfig
 from replica.model.layers import GatedRMSNorm
 from replica.model.ssd import expand_groups, ssd_chunk_scan
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from replica.slot_allocator import SlotAllocator
+from replica.pools.slot_allocator import SlotAllocator
 
 
 class ReqToTokenPool:

@@ -18,21 +18,21 @@ import time
 import uuid
 from collections.abc import Sequence
 
-from replica.accounting import InvariantChecker, PoolSnapshot, count_pools
 from replica.config import ReplicaConfig
+from replica.engine.model_runner import ModelRunner
+from replica.engine.request import FinishReason, Req, SamplingParams
+from replica.engine.sampling import make_generator, sample
+from replica.engine.scheduler import Scheduler, input_left
+from replica.engine.turn_check import check_turn
 from replica.errors import (
     ReplicaDrainingError,
     TurnRunningError,
 )
-from replica.hybrid_pool import HybridReqToTokenPool
 from replica.model import BambaModel, IncrementalDetokenizer, Tokenizer
-from replica.model_runner import ModelRunner
 from replica.outputs import SessionInfo, TurnEvent
-from replica.request import FinishReason, Req, SamplingParams
-from replica.sampling import make_generator, sample
-from replica.scheduler import Scheduler, input_left
-from replica.session import SessionSlot, StreamingSession
-from replica.turn_check import check_turn
+from replica.pools.accounting import InvariantChecker, PoolSnapshot, count_pools
+from replica.pools.hybrid_pool import HybridReqToTokenPool
+from replica.sessions.session import SessionSlot, StreamingSession
 
 log = logging.getLogger(__name__)
 

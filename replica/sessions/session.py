@@ -19,14 +19,14 @@ from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
+from replica.engine.request import Req
 from replica.errors import (
     InvalidRequestError,
     PoolExhaustedError,
     SessionNotFoundError,
     TurnRunningError,
 )
-from replica.hybrid_pool import HybridReqToTokenPool, SeqSlots
-from replica.request import Req
+from replica.pools.hybrid_pool import HybridReqToTokenPool, SeqSlots
 
 RELEASE_REASONS = ("closed", "stream_ended", "idle_timeout", "aborted", "replica_lost")
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from replica.hybrid_pool import HybridReqToTokenPool
-    from replica.request import Req
-    from replica.session import StreamingSession
+    from replica.engine.request import Req
+    from replica.pools.hybrid_pool import HybridReqToTokenPool
+    from replica.sessions.session import StreamingSession
 
 log = logging.getLogger(__name__)
 

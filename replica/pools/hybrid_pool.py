@@ -12,14 +12,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
-from replica.config import ModelConfig, PoolConfig
+from replica.config import PoolConfig
 from replica.errors import PoolExhaustedError
-from replica.kv_pool import KVTokenPool
-from replica.mamba_pool import MambaPool
-from replica.req_to_token_pool import ReqToTokenPool
+from replica.model.config import ModelConfig
+from replica.pools.kv_pool import KVTokenPool
+from replica.pools.mamba_pool import MambaPool
+from replica.pools.req_to_token_pool import ReqToTokenPool
 
 if TYPE_CHECKING:
-    from replica.request import Req
+    from replica.engine.request import Req
 
 
 class SeqSlots(NamedTuple):

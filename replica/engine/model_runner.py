@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from replica.hybrid_pool import HybridReqToTokenPool
+from replica.engine.request import Req
 from replica.model import BambaModel
-from replica.request import Req
+from replica.pools.hybrid_pool import HybridReqToTokenPool
 
 
 class ModelRunner:

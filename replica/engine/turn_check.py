@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from replica.engine.request import SamplingParams
 from replica.errors import ContextOverflowError, InvalidRequestError
-from replica.request import SamplingParams
-from replica.session import SessionSlot
+from replica.sessions.session import SessionSlot
 
 
 def check_turn(

@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from replica.accounting import PoolSnapshot
-from replica.engine import Engine
+from replica.engine.engine import Engine
 from replica.outputs import TurnEvent
+from replica.pools.accounting import PoolSnapshot
 
 log = logging.getLogger(__name__)
 

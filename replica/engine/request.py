@@ -12,7 +12,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from replica.errors import InvalidRequestError
-from replica.hybrid_pool import SeqSlots
+from replica.pools.hybrid_pool import SeqSlots
 
 _rids = itertools.count()
 

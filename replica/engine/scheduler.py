@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from replica.engine.request import Req
 from replica.errors import PoolExhaustedError
-from replica.hybrid_pool import HybridReqToTokenPool
-from replica.request import Req
-from replica.session import StreamingSession
+from replica.pools.hybrid_pool import HybridReqToTokenPool
+from replica.sessions.session import StreamingSession
 
 
 def turn_reservation(req: Req, committed_len: int, pending: int) -> int:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from replica.config import ModelConfig
-from replica.slot_allocator import SlotAllocator
+from replica.model.config import ModelConfig
+from replica.pools.slot_allocator import SlotAllocator
 
 
 def pages_for(num_tokens: int, page_size: int) -> int:
