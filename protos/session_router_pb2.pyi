@@ -56,18 +56,20 @@ class OpenSessionRequest(_message.Message):
     def __init__(self, idle_timeout_s: _Optional[float] = ...) -> None: ...
 
 class Session(_message.Message):
-    __slots__ = ("session_id", "replica_id", "committed_tokens", "max_context_tokens", "turn_running")
+    __slots__ = ("session_id", "replica_id", "committed_tokens", "max_context_tokens", "turn_running", "parked")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TURN_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    PARKED_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     replica_id: str
     committed_tokens: int
     max_context_tokens: int
     turn_running: bool
-    def __init__(self, session_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., committed_tokens: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., turn_running: _Optional[bool] = ...) -> None: ...
+    parked: bool
+    def __init__(self, session_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., committed_tokens: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., turn_running: _Optional[bool] = ..., parked: _Optional[bool] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("session_id", "text", "tokens", "sampling")
@@ -152,7 +154,7 @@ class PoolStats(_message.Message):
     def __init__(self, pool: _Optional[str] = ..., capacity: _Optional[int] = ..., free: _Optional[int] = ..., in_use: _Optional[int] = ..., session_held: _Optional[int] = ..., cached: _Optional[int] = ..., leaked: _Optional[int] = ...) -> None: ...
 
 class ReplicaInfo(_message.Message):
-    __slots__ = ("replica_id", "node_id", "state", "pools", "sessions", "sessions_pinned", "running_requests", "waiting_requests", "snapshot_age_s")
+    __slots__ = ("replica_id", "node_id", "state", "pools", "sessions", "sessions_pinned", "running_requests", "waiting_requests", "snapshot_age_s", "sessions_parked")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -162,6 +164,7 @@ class ReplicaInfo(_message.Message):
     RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_PARKED_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     node_id: str
     state: ReplicaState
@@ -171,7 +174,8 @@ class ReplicaInfo(_message.Message):
     running_requests: int
     waiting_requests: int
     snapshot_age_s: float
-    def __init__(self, replica_id: _Optional[str] = ..., node_id: _Optional[str] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., pools: _Optional[_Iterable[_Union[PoolStats, _Mapping]]] = ..., sessions: _Optional[int] = ..., sessions_pinned: _Optional[int] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., snapshot_age_s: _Optional[float] = ...) -> None: ...
+    sessions_parked: int
+    def __init__(self, replica_id: _Optional[str] = ..., node_id: _Optional[str] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., pools: _Optional[_Iterable[_Union[PoolStats, _Mapping]]] = ..., sessions: _Optional[int] = ..., sessions_pinned: _Optional[int] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., snapshot_age_s: _Optional[float] = ..., sessions_parked: _Optional[int] = ...) -> None: ...
 
 class ListReplicasRequest(_message.Message):
     __slots__ = ()
@@ -184,13 +188,39 @@ class ListReplicasResponse(_message.Message):
     def __init__(self, replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ...) -> None: ...
 
 class DrainReplicaRequest(_message.Message):
+    __slots__ = ("replica_id", "migrate")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    MIGRATE_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    migrate: bool
+    def __init__(self, replica_id: _Optional[str] = ..., migrate: _Optional[bool] = ...) -> None: ...
+
+class DrainReplicaResponse(_message.Message):
+    __slots__ = ("replica", "sessions_migrated", "sessions_left")
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_MIGRATED_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_LEFT_FIELD_NUMBER: _ClassVar[int]
+    replica: ReplicaInfo
+    sessions_migrated: int
+    sessions_left: int
+    def __init__(self, replica: _Optional[_Union[ReplicaInfo, _Mapping]] = ..., sessions_migrated: _Optional[int] = ..., sessions_left: _Optional[int] = ...) -> None: ...
+
+class ResumeReplicaRequest(_message.Message):
     __slots__ = ("replica_id",)
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     def __init__(self, replica_id: _Optional[str] = ...) -> None: ...
 
-class DrainReplicaResponse(_message.Message):
+class ResumeReplicaResponse(_message.Message):
     __slots__ = ("replica",)
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     replica: ReplicaInfo
     def __init__(self, replica: _Optional[_Union[ReplicaInfo, _Mapping]] = ...) -> None: ...
+
+class MigrateSessionRequest(_message.Message):
+    __slots__ = ("session_id", "target_replica_id")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGET_REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    target_replica_id: str
+    def __init__(self, session_id: _Optional[str] = ..., target_replica_id: _Optional[str] = ...) -> None: ...

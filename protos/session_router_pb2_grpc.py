@@ -292,6 +292,16 @@ class AdminServiceStub:
                 request_serializer=protos_dot_session__router__pb2.DrainReplicaRequest.SerializeToString,
                 response_deserializer=protos_dot_session__router__pb2.DrainReplicaResponse.FromString,
                 _registered_method=True)
+        self.ResumeReplica = channel.unary_unary(
+                '/session_router.v1.AdminService/ResumeReplica',
+                request_serializer=protos_dot_session__router__pb2.ResumeReplicaRequest.SerializeToString,
+                response_deserializer=protos_dot_session__router__pb2.ResumeReplicaResponse.FromString,
+                _registered_method=True)
+        self.MigrateSession = channel.unary_unary(
+                '/session_router.v1.AdminService/MigrateSession',
+                request_serializer=protos_dot_session__router__pb2.MigrateSessionRequest.SerializeToString,
+                response_deserializer=protos_dot_session__router__pb2.Session.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -309,6 +319,19 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResumeReplica(self, request, context):
+        """undo a drain
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MigrateSession(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -321,6 +344,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.DrainReplica,
                     request_deserializer=protos_dot_session__router__pb2.DrainReplicaRequest.FromString,
                     response_serializer=protos_dot_session__router__pb2.DrainReplicaResponse.SerializeToString,
+            ),
+            'ResumeReplica': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeReplica,
+                    request_deserializer=protos_dot_session__router__pb2.ResumeReplicaRequest.FromString,
+                    response_serializer=protos_dot_session__router__pb2.ResumeReplicaResponse.SerializeToString,
+            ),
+            'MigrateSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.MigrateSession,
+                    request_deserializer=protos_dot_session__router__pb2.MigrateSessionRequest.FromString,
+                    response_serializer=protos_dot_session__router__pb2.Session.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -377,6 +410,60 @@ class AdminService:
             '/session_router.v1.AdminService/DrainReplica',
             protos_dot_session__router__pb2.DrainReplicaRequest.SerializeToString,
             protos_dot_session__router__pb2.DrainReplicaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeReplica(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/session_router.v1.AdminService/ResumeReplica',
+            protos_dot_session__router__pb2.ResumeReplicaRequest.SerializeToString,
+            protos_dot_session__router__pb2.ResumeReplicaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MigrateSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/session_router.v1.AdminService/MigrateSession',
+            protos_dot_session__router__pb2.MigrateSessionRequest.SerializeToString,
+            protos_dot_session__router__pb2.Session.FromString,
             options,
             channel_credentials,
             insecure,

@@ -53,6 +53,8 @@ def test_services_and_methods():
     assert methods["AdminService"] == {
         "ListReplicas": ("ListReplicasRequest", "ListReplicasResponse", False, False),
         "DrainReplica": ("DrainReplicaRequest", "DrainReplicaResponse", False, False),
+        "ResumeReplica": ("ResumeReplicaRequest", "ResumeReplicaResponse", False, False),
+        "MigrateSession": ("MigrateSessionRequest", "Session", False, False),
     }
     assert session_router_pb2.DESCRIPTOR.package == "session_router.v1"
 
