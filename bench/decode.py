@@ -18,9 +18,9 @@ import time
 
 import torch
 
+from replica.api import SamplingParams
 from replica.config import PoolConfig, ReplicaConfig
 from replica.engine.engine import Engine
-from replica.engine.request import SamplingParams
 from replica.model import build_tiny_bamba
 
 
@@ -35,7 +35,7 @@ def make_engine(max_sessions: int, device: str, chunk: int) -> Engine:
         mamba_track_buffers=1,
         device=device,
     )
-    config = ReplicaConfig(model=cfg, pools=pools, max_prefill_chunk=chunk, max_batch_tokens=8192)
+    config = ReplicaConfig(pools=pools, max_prefill_chunk=chunk, max_batch_tokens=8192)
     return Engine(config, model, tok)
 
 

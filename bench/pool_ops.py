@@ -10,9 +10,9 @@ import argparse
 import time
 
 from replica.config import PoolConfig
-from replica.engine.request import Req
 from replica.model.config import ModelConfig
 from replica.pools.hybrid_pool import HybridReqToTokenPool
+from replica.sessions.request import Req
 from replica.sessions.session import StreamingSession
 
 
@@ -41,7 +41,7 @@ def session_cycles_per_s(page_size: int, track: int, seconds: float) -> float:
         sessions.open(sid)
         req = Req(sid, [1] * 32)
         sessions.restore_to_req(req)
-        pool.kv_pool.extend(pool.req_to_token, req.req_pool_idx, 0, 40)
+        pool.kv_pool.extend(pool.req_to_token, req.seq.req_pool_idx, 0, 40)
         req.kv_len = req.folded_len = 40
         sessions.save_from_req(req)
         sessions.release_session(sid)

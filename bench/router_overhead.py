@@ -327,7 +327,7 @@ class DirectGateway:
         return self.handles[next(self._next)]
 
     async def open(self, handle) -> str:
-        from replica.outputs import ActorError
+        from replica.api import ActorError
 
         session_id = secrets.token_hex(16)
         self.inboxes[session_id] = asyncio.Queue()
@@ -338,8 +338,7 @@ class DirectGateway:
         return session_id
 
     async def turn(self, handle, session_id: str, max_new_tokens: int) -> int:
-        from replica.engine.request import SamplingParams
-        from replica.outputs import ActorError
+        from replica.api import ActorError, SamplingParams
 
         inbox = self.inboxes[session_id]
         turn_id = await handle.submit_turn.remote(
@@ -406,7 +405,7 @@ class InProcess:
         self._ids = itertools.count()
 
     def _start(self, max_new_tokens: int, session_id: str | None = None) -> str:
-        from replica.engine.request import SamplingParams
+        from replica.api import SamplingParams
 
         if session_id is None:
             session_id = f"inproc-{next(self._ids)}"
@@ -505,7 +504,7 @@ def rounds_rate(result: dict) -> float:
 
 
 class _CpuCountShim:
-    """``os`` as router.server sees it, with ``cpu_count`` giving ``threads * replicas``."""
+    """``os`` as router.ops.serve sees it, with ``cpu_count`` giving ``threads * replicas``."""
 
     def __init__(self, real, cpus: int) -> None:
         self._real, self._cpus = real, cpus
@@ -520,11 +519,11 @@ class _CpuCountShim:
 @contextlib.contextmanager
 def replica_threads(threads: int | None, replicas: int):
     """``--threads``: Server gives each CPU replica cpu_count // replicas torch threads; this
-    makes it give ``threads`` (router.server's view of ``os`` only, while it starts)."""
+    makes it give ``threads`` (router.ops.serve's view of ``os`` only, while it starts)."""
     if not threads:
         yield
         return
-    import router.server as server_module
+    import router.ops.serve as server_module
 
     real = server_module.os
     server_module.os = _CpuCountShim(real, threads * replicas)
@@ -607,7 +606,7 @@ def fmt_ms(v: float) -> str:
 async def run(args) -> None:
     import torch
 
-    from router.server import ServeConfig, Server
+    from router.ops.serve import ServeConfig, Server
 
     quick = args.quick
     seconds = args.seconds or (1.5 if quick else 2.5)

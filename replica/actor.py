@@ -3,13 +3,14 @@
 Token delivery: each gateway keeps one long-lived streaming call, ``stream_outputs(gateway_id)``,
 per replica. Every item is everything one engine step produced for that gateway's sessions
 (tokens, finishes, errors), so a turn costs one actor call to submit and no Ray round trip per
-token. A turn's events go to the gateway that submitted it.
+token. A turn's events go to the gateway that submitted it (``TurnEvent.gateway_id``, taken from
+the session's record when the engine emits the event).
 
 Refusals come back as ``ActorError`` values (a gRPC status name and a message), never as raised
 exceptions, so callers map them without unwrapping Ray errors. The actor pushes its
 ``PoolSnapshot`` (and the sessions it released on its own, e.g. idle timeouts) to the router
 about every second; when the router does not know it (a restarted router), it registers again
-with the list of sessions it holds, so the router can rebuild its table.
+with the sessions it holds and their tenants, so the router can rebuild its table.
 """
 
 from __future__ import annotations
@@ -20,11 +21,18 @@ import logging
 from collections import defaultdict
 from typing import Any
 
+from replica.api import (
+    ActorError,
+    PoolSnapshot,
+    ReleaseReason,
+    ReplicaDescription,
+    ReplicaError,
+    SamplingParams,
+    SessionInfo,
+    StatusCode,
+    TurnEvent,
+)
 from replica.config import ReplicaConfig
-from replica.engine.engine import Engine
-from replica.engine.request import SamplingParams
-from replica.errors import ReplicaError
-from replica.outputs import ActorError, ReplicaDescription, SessionInfo, TurnEvent
 
 log = logging.getLogger(__name__)
 
@@ -34,28 +42,27 @@ class ReplicaActor:
         self,
         replica_id: str,
         config: ReplicaConfig,
-        model: str = "tiny-bamba",
-        model_path: str | None = None,
-        router_name: str | None = None,
+        router: Any = None,
         report_interval_s: float = 1.0,
     ) -> None:
         import torch
 
+        from replica.engine.engine import Engine
         from replica.model import load
 
+        if config.threads:
+            torch.set_num_threads(config.threads)
         device = "cuda" if torch.cuda.is_available() else "cpu"
         self.replica_id = replica_id
-        _, net, tokenizer = load(model, model_path, device=device)
+        _, net, tokenizer = load(config.model, config.model_path, device=device)
         pools = dataclasses.replace(config.pools, device=device)
-        self.config = dataclasses.replace(config, model=net.cfg, pools=pools)
+        self.config = dataclasses.replace(config, pools=pools)
         self.tokenizer = tokenizer
         self.engine = Engine(self.config, net, tokenizer, replica_id)
-        self.router_name = router_name
+        self.router = router
         self.report_interval_s = report_interval_s
         self._outputs: dict[str, asyncio.Queue] = defaultdict(asyncio.Queue)
-        self._session_gateway: dict[str, str] = {}
-        self._session_tenant: dict[str, str] = {}  # so a restarted router can rebuild its table
-        self._released: list[str] = []
+        self._released: list[str] = []  # released on the replica's own account, to report
         self._async = None
         self._reporter: asyncio.Task | None = None
 
@@ -64,21 +71,17 @@ class ReplicaActor:
             from replica.engine.async_engine import AsyncEngine
 
             self._async = AsyncEngine(self.engine, self._dispatch, self._note_released)
-            if self.router_name:
+            if self.router is not None:
                 self._reporter = asyncio.get_running_loop().create_task(self._report_loop())
 
     def _note_released(self, session_ids: list[str]) -> None:
         self._released.extend(session_ids)
-        for sid in session_ids:
-            self._session_gateway.pop(sid, None)
-            self._session_tenant.pop(sid, None)
 
     def _dispatch(self, events: list[TurnEvent]) -> None:
         by_gateway: dict[str, list[TurnEvent]] = defaultdict(list)
         for event in events:
-            gateway = self._session_gateway.get(event.session_id)
-            if gateway is not None:
-                by_gateway[gateway].append(event)
+            if event.gateway_id:
+                by_gateway[event.gateway_id].append(event)
         for gateway, batch in by_gateway.items():
             self._outputs[gateway].put_nowait(batch)
 
@@ -86,12 +89,13 @@ class ReplicaActor:
         await self._ensure_started()
         if self._async.error is not None:
             return ActorError(
-                "UNAVAILABLE", f"replica {self.replica_id} engine failed: {self._async.error}"
+                StatusCode.UNAVAILABLE,
+                f"replica {self.replica_id} engine failed: {self._async.error}",
             )
         try:
             return await self._async.call(fn, *args)
         except ReplicaError as exc:
-            return ActorError(exc.code, str(exc))
+            return exc.to_actor_error()
 
     # ----- the router's and gateways' API ---------------------------------------------------
 
@@ -100,42 +104,34 @@ class ReplicaActor:
 
         await self._ensure_started()
         pools = self.config.pools
-        per_session = max(pools.page_size, pools.kv_token_slots // pools.max_sessions)
         return ReplicaDescription(
             self.replica_id,
             ray.get_runtime_context().get_node_id(),
             self.engine.incarnation,
             pools.mamba_slots_per_seq,
-            per_session,
+            pools.kv_tokens_per_session,
             pools.max_context,
-            self.config.model.vocab_size,
+            self.engine.model_config.vocab_size,
         )
 
     async def open_session(
         self,
         session_id: str,
         idle_timeout_s: float = 0.0,
-        gateway_id: str | None = None,
+        gateway_id: str = "",
         tenant: str = "",
     ) -> SessionInfo | ActorError:
-        if gateway_id:
-            self._session_gateway[session_id] = gateway_id
-        result = await self._call(self.engine.open_session, session_id, idle_timeout_s)
-        if isinstance(result, ActorError):
-            self._session_gateway.pop(session_id, None)
-        else:
-            self._session_tenant[session_id] = tenant
-        return result
+        return await self._call(
+            self.engine.open_session, session_id, idle_timeout_s, tenant, gateway_id
+        )
 
-    async def close_sessions(self, session_ids: list[str], reason: str = "closed") -> list[bool]:
+    async def close_sessions(
+        self, session_ids: list[str], reason: ReleaseReason = ReleaseReason.CLOSED
+    ) -> list[bool] | ActorError:
         def close_all() -> list[bool]:
             return [self.engine.close_session(sid, reason) for sid in session_ids]
 
-        result = await self._call(close_all)
-        for sid in session_ids:
-            self._session_gateway.pop(sid, None)
-            self._session_tenant.pop(sid, None)
-        return result
+        return await self._call(close_all)
 
     async def submit_turn(
         self,
@@ -147,34 +143,35 @@ class ReplicaActor:
     ) -> int | ActorError:
         """Queue a turn; returns its turn id. Its events go to ``gateway_id``'s stream."""
         if text is not None and token_ids is not None:
-            return ActorError("INVALID_ARGUMENT", "give either text or tokens, not both")
+            return ActorError(StatusCode.INVALID_ARGUMENT, "give either text or tokens, not both")
         ids = self.tokenizer.encode(text) if text is not None else list(token_ids or [])
-        if session_id in self._session_tenant:  # only sessions this replica holds get a route
-            self._session_gateway[session_id] = gateway_id
-        return await self._call(lambda: self.engine.submit(session_id, ids, sampling).rid)
+        return await self._call(
+            lambda: self.engine.submit(session_id, ids, sampling, gateway_id).rid
+        )
 
     async def interrupt(self, session_id: str) -> bool | ActorError:
         return await self._call(self.engine.interrupt, session_id)
 
     async def cancel(
         self, session_id: str, why: str = "cancelled by the client", turn_id: int | None = None
-    ) -> bool:
+    ) -> bool | ActorError:
         return await self._call(self.engine.cancel, session_id, why, turn_id)
 
     async def get_session(self, session_id: str) -> SessionInfo | ActorError:
         return await self._call(self.engine.session_info, session_id)
 
-    async def list_sessions(self) -> list[str]:
-        return await self._call(self.engine.session_ids)
+    async def list_sessions(self) -> dict[str, str] | ActorError:
+        """Every session the replica holds, with its tenant."""
+        return await self._call(self.engine.session_tenants)
 
-    async def snapshot(self, exact: bool = True):
+    async def snapshot(self, exact: bool = True) -> PoolSnapshot | ActorError:
         """A consistent snapshot: ``exact`` takes it between two steps, else the latest one."""
         if exact:
             return await self._call(self.engine.snapshot)
         await self._ensure_started()
         return self._async.latest_snapshot
 
-    async def check_invariant(self):
+    async def check_invariant(self) -> PoolSnapshot | ActorError:
         return await self._call(self.engine.check_invariant)
 
     async def drain(self, draining: bool = True) -> None:
@@ -199,7 +196,7 @@ class ReplicaActor:
 
     async def shutdown(self) -> None:
         if self._async is not None:
-            await self._call(self.engine.close_all, "aborted")
+            await self._call(self.engine.close_all, ReleaseReason.ABORTED)
             self._async.stop()
 
     # ----- reporting to the router ------------------------------------------------------------
@@ -207,28 +204,22 @@ class ReplicaActor:
     async def _report_loop(self) -> None:
         import ray
 
-        router = None
         while True:
             try:
-                if router is None:
-                    router = ray.get_actor(self.router_name)
                 released, self._released = self._released, []
                 try:
-                    known = await router.report.remote(self._async.latest_snapshot, released)
+                    known = await self.router.report.remote(self._async.latest_snapshot, released)
                 except Exception:
                     self._released = released + self._released  # tell the router next time
                     raise
                 if not known:
-                    held = await self._call(self.engine.session_ids)
-                    sessions = {sid: self._session_tenant.get(sid, "") for sid in held}
-                    await router.register_replica.remote(
+                    await self.router.register_replica.remote(
                         self.replica_id,
                         ray.get_runtime_context().current_actor,
                         await self.describe(),
-                        sessions,
+                        await self._call(self.engine.session_tenants),
                         self._async.latest_snapshot,
                     )
             except Exception as exc:  # noqa: BLE001 - the router may be restarting
                 log.warning("snapshot report to the router failed: %s", exc)
-                router = None
             await asyncio.sleep(self.report_interval_s)

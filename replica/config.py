@@ -1,17 +1,30 @@
-"""Frozen configuration of one replica: the hybrid model's state shapes and the pool sizes.
+"""The settings of one replica: its pool sizes and its engine. Frozen and validated on construction.
 
-Everything here is validated in ``__post_init__``; sizes derived from other fields are properties,
-so there is one source of truth for every number the pools and the model allocate by.
+Each setting is declared once, with its default and its help text (``setting``); the command line
+(``router.flags``) is generated from these fields, and the demo, the benchmarks and the tests build
+their configs from the same classes. The model's architecture is not a setting: it comes from the
+checkpoint (``replica.model.config.ModelConfig``).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from replica.model.config import ModelConfig
+DEFAULT_IDLE_TIMEOUT_S = 300.0
+
+
+def setting(default: Any, help: str = "", *, choices: tuple | None = None, cli: bool = True):
+    """A dataclass field that is also a command-line flag (``--name-with-dashes``), unless
+    ``cli`` is False; ``help`` and ``choices`` go to the flag."""
+    return field(default=default, metadata={"help": help, "choices": choices, "cli": cli})
+
+
+def nested(cls: type):
+    """A field holding a settings dataclass whose own settings become flags too."""
+    return field(default_factory=cls, metadata={"nested": True})
 
 
 @dataclass(frozen=True)
@@ -23,14 +36,18 @@ class PoolConfig:
     ``max_sessions`` sessions with their state at once.
     """
 
-    max_sessions: int = 8
-    kv_tokens: int = 8192
-    max_context: int = 2048
-    page_size: int = 1
-    mamba_track_buffers: int = 1
-    state_dtype: torch.dtype = torch.float32
-    kv_dtype: torch.dtype = torch.float32
-    device: str = "cpu"
+    max_sessions: int = setting(
+        64, "sessions one replica holds at once (sizes the req rows and the mamba pool)"
+    )
+    kv_tokens: int = setting(65536, "KV token slots per replica")
+    max_context: int = setting(4096, "tokens one session may hold")
+    page_size: int = setting(16, "KV page size in tokens")
+    mamba_track_buffers: int = setting(
+        1, "extra mamba slots per session; 1 or more makes turns atomic", choices=(0, 1, 2)
+    )
+    state_dtype: torch.dtype = setting(torch.float32, cli=False)
+    kv_dtype: torch.dtype = setting(torch.float32, cli=False)
+    device: str = setting("cpu", cli=False)  # chosen by the replica: cuda when it has a GPU
 
     def __post_init__(self) -> None:
         if self.max_sessions <= 0:
@@ -43,8 +60,10 @@ class PoolConfig:
             )
         if self.max_context <= 0:
             raise ValueError(f"max_context must be positive, got {self.max_context}")
-        if not 0 <= self.mamba_track_buffers <= 8:
-            raise ValueError(f"mamba_track_buffers must be in 0..8, got {self.mamba_track_buffers}")
+        if not 0 <= self.mamba_track_buffers <= 2:
+            raise ValueError(
+                f"mamba_track_buffers must be 0, 1 or 2, got {self.mamba_track_buffers}"
+            )
 
     @property
     def mamba_slots_per_seq(self) -> int:
@@ -64,25 +83,33 @@ class PoolConfig:
         """Token slots the KV pool really has (``kv_tokens`` rounded down to whole pages)."""
         return self.kv_pages * self.page_size
 
+    @property
+    def kv_tokens_per_session(self) -> int:
+        """The KV budget placement expects one more session to need (a fair share, >= a page)."""
+        return max(self.page_size, self.kv_token_slots // self.max_sessions)
+
 
 @dataclass(frozen=True)
 class ReplicaConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    pools: PoolConfig = field(default_factory=PoolConfig)
-    session_idle_timeout_s: float = 300.0
-    max_prefill_chunk: int = 256
-    max_batch_tokens: int = 2048
-    strict: bool = False
+    """One replica: which model it serves, its pools and its engine."""
+
+    pools: PoolConfig = nested(PoolConfig)
+    model: str = setting("tiny-bamba", "built-in model to serve (ignored with --model-path)")
+    model_path: str | None = setting(
+        None, "HF-format checkpoint directory (config.json, *.safetensors, tokenizer.json)"
+    )
+    session_idle_timeout_s: float = setting(
+        DEFAULT_IDLE_TIMEOUT_S, "idle sessions are released after this long (and no later)"
+    )
+    max_prefill_chunk: int = setting(256, "input tokens of one turn folded in per engine step")
+    max_batch_tokens: int = setting(2048, "tokens one engine step runs at most")
+    threads: int = setting(0, "torch threads per replica (0: the cores shared among replicas)")
+    strict: bool = setting(False, "raise on any pool accounting violation")
 
     def __post_init__(self) -> None:
         if self.session_idle_timeout_s <= 0:
             raise ValueError("session_idle_timeout_s must be positive")
         if self.max_prefill_chunk <= 0 or self.max_batch_tokens <= 0:
             raise ValueError("max_prefill_chunk and max_batch_tokens must be positive")
-
-    @property
-    def state_bytes(self) -> int:
-        """Bytes of one mamba slot across all mamba layers (conv + SSM state)."""
-        m = self.model
-        per_layer = math.prod(m.conv_state_shape) + math.prod(m.ssm_state_shape)
-        return per_layer * m.num_mamba_layers * torch.finfo(self.pools.state_dtype).bits // 8
+        if self.threads < 0:
+            raise ValueError(f"threads must be >= 0, got {self.threads}")

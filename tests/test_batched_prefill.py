@@ -15,7 +15,7 @@ from replica.config import PoolConfig
 from replica.model import BambaModel, LayerBuffers, build_tiny_bamba
 from replica.model.config import ModelConfig
 from replica.model.factory import init_weights
-from tests.engine_helpers import (
+from tests.support.engine import (
     assert_same_state,
     close_and_check,
     drain,
@@ -120,37 +120,40 @@ def test_batched_extend_rejects_bad_input():
         model.forward_extend_batch([], [], torch.tensor([], dtype=torch.long), [], buffers)
 
 
-def _run_sessions(batched: bool, turns: int = 3):
-    """Six sessions, several turns each of different lengths, small prefill chunks so that one
-    step prefills fresh and continuing turns together; returns tokens and states."""
+def _run_sessions(sids: list[int], turns: int = 3):
+    """Sessions ``sids`` on one engine, several turns each of different lengths, small prefill
+    chunks so that one step prefills fresh and continuing turns together; returns the tokens of
+    each (turn, session) and each session's final state."""
     pools = PoolConfig(max_sessions=6, kv_tokens=4096, max_context=1024, page_size=16)
     engine = make_engine(pools, max_prefill_chunk=24, max_batch_tokens=96)
-    engine.runner.batch_prefill = batched
-    sids = [f"s{i}" for i in range(6)]
-    for sid in sids:
-        engine.open_session(sid)
-    tokens: dict[int, list[int]] = {}
+    for i in sids:
+        engine.open_session(f"s{i}")
+    tokens: dict[tuple[int, int], list[int]] = {}
     for turn in range(turns):
-        reqs = []
-        for i, sid in enumerate(sids):
+        reqs = {}
+        for i in sids:
             ids = token_ids(1 + (13 * i + 29 * turn) % 70, seed=100 * turn + i)
-            reqs.append(engine.submit(sid, ids, greedy(4 + i % 3 if i != 4 else 0)))
+            reqs[i] = engine.submit(f"s{i}", ids, greedy(4 + i % 3 if i != 4 else 0))
         events = drain(engine)
         assert not [e for e in events if e.error_code]
-        for b, req in enumerate(reqs):
-            tokens[(turn, b)] = [t for e in events if e.turn_id == req.rid for t in e.token_ids]
-    states = {sid: session_state(engine, sid) for sid in sids}
+        for i, req in reqs.items():
+            tokens[(turn, i)] = [t for e in events if e.turn_id == req.rid for t in e.token_ids]
+    states = {i: session_state(engine, f"s{i}") for i in sids}
     close_and_check(engine)
     return tokens, states
 
 
-def test_engine_batched_prefill_matches_one_forward_per_chunk():
-    want_tokens, want_states = _run_sessions(batched=False)
-    got_tokens, got_states = _run_sessions(batched=True)
+def test_engine_batched_prefill_matches_each_session_alone():
+    want_tokens, want_states = {}, {}
+    for i in range(6):
+        tokens, states = _run_sessions([i])
+        want_tokens.update(tokens)
+        want_states.update(states)
+    got_tokens, got_states = _run_sessions(list(range(6)))
     assert got_tokens == want_tokens
     assert any(len(t) > 0 for t in got_tokens.values())
-    for sid, want in want_states.items():
-        assert_same_state(got_states[sid], want)
+    for i, want in want_states.items():
+        assert_same_state(got_states[i], want)
 
 
 def test_engine_batched_prefill_failure_rolls_back_each_turn(monkeypatch):

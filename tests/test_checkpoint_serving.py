@@ -15,8 +15,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from protos import session_router_pb2 as pb
 from replica.model import HFTokenizer, load_model
 from router.client import SessionClient
-from tests.e2e_helpers import ServerThread
-from tests.hf_peer import VOCAB, tiny_hf_bamba
+from tests.support.cluster import ServerThread
+from tests.support.hf_peer import VOCAB, tiny_hf_bamba
 
 CORPUS = [
     "the session keeps its state between turns",
@@ -54,7 +54,7 @@ def test_loader_uses_the_checkpoints_tokenizer(checkpoint):
     assert len(ids) < len(text.encode()) and tok.decode(ids) == text
 
 
-def test_serve_with_model_path_streams_text(checkpoint):
+def test_serve_with_model_path_streams_text(ray_cluster, checkpoint):
     server = ServerThread(replicas=1, model_path=checkpoint).start()
     try:
         _, _, tok = load_model(checkpoint)

@@ -17,7 +17,7 @@ import ray
 
 from protos import session_router_pb2 as pb
 from router.client import AsyncSessionClient, generate_request
-from tests.e2e_helpers import ServerThread
+from tests.support.cluster import ServerThread
 
 SESSIONS = 500
 CLIENTS = 16
@@ -46,7 +46,7 @@ RELEASE_REASON = {
 
 
 @pytest.fixture(scope="module")
-def server():
+def server(ray_cluster):
     srv = ServerThread(
         max_sessions=16, kv_tokens=8192, session_idle_timeout_s=IDLE_TIMEOUT_S, open_timeout_s=30.0
     ).start()

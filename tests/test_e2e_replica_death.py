@@ -15,13 +15,13 @@ import ray
 
 from protos import session_router_pb2 as pb
 from router.client import SessionClient
-from tests.e2e_helpers import ServerThread, rpc_error, run_turn, wait_for
+from tests.support.cluster import ServerThread, drain_stream, rpc_error, wait_for
 
 STALE_AFTER_S = 2.0
 
 
 @pytest.fixture(scope="module")
-def server():
+def server(ray_cluster):
     srv = ServerThread(stale_after_s=STALE_AFTER_S).start()
     yield srv
     srv.stop()
@@ -36,7 +36,7 @@ def test_replica_death(server):
     assert set(by_replica) == set(server.replicas), "sessions not spread over both replicas"
     committed = {}
     for n, s in enumerate(sessions):
-        _, _, committed[s.id] = run_turn(s.generate(tokens=[n + 1, 2, 3], max_new_tokens=3))
+        _, _, committed[s.id] = drain_stream(s.generate(tokens=[n + 1, 2, 3], max_new_tokens=3))
     victim = sessions[0].replica_id
     (survivor,) = [r for r in server.replicas if r != victim]
     doomed, spared = by_replica[victim], by_replica[survivor]
@@ -66,14 +66,14 @@ def test_replica_death(server):
     # the survivor's sessions are untouched: same state, and a turn continues from it
     assert server.sessions_on([survivor])[survivor] == survivor_sessions
     for s in spared:
-        ids, reason, now = run_turn(s.generate(tokens=[9], max_new_tokens=2))
+        ids, reason, now = drain_stream(s.generate(tokens=[9], max_new_tokens=2))
         assert (len(ids), reason, now) == (2, pb.FINISH_REASON_LENGTH, committed[s.id] + 3)
 
     # new sessions land on the survivor only
     fresh = [client.open() for _ in range(4)]
     assert {s.replica_id for s in fresh} == {survivor}
     for s in fresh:
-        run_turn(s.generate(tokens=[1, 2], max_new_tokens=2))
+        drain_stream(s.generate(tokens=[1, 2], max_new_tokens=2))
 
     # ListReplicas reports the dead replica DEAD (stale snapshot or failed ping at the latest)
     def states() -> dict[str, int]:
@@ -124,7 +124,7 @@ def test_router_detects_a_silent_death(server):
     sessions = [client.open() for _ in range(3)]
     assert {s.replica_id for s in sessions} <= set(alive)
     for s in sessions:
-        run_turn(s.generate(tokens=[4, 5], max_new_tokens=2))
+        drain_stream(s.generate(tokens=[4, 5], max_new_tokens=2))
         assert s.close() is True
     server.wait_at_capacity(alive)
     client.close()
@@ -137,7 +137,7 @@ def test_router_restart_rebuilds_the_session_table(server):
     alive = [r.replica_id for r in client.replicas() if r.state == pb.REPLICA_STATE_HEALTHY]
     sessions = [client.open() for _ in range(4)]
     for s in sessions:
-        run_turn(s.generate(tokens=[3, 1, 4], max_new_tokens=2))
+        drain_stream(s.generate(tokens=[3, 1, 4], max_new_tokens=2))
     router = server.server.router
     ray.kill(router, no_restart=False)  # Ray restarts it (max_restarts=-1) with an empty table
 
@@ -153,7 +153,7 @@ def test_router_restart_rebuilds_the_session_table(server):
         assert (
             client.sessions.GetSession(pb.GetSessionRequest(session_id=s.id)).committed_tokens == 5
         )
-        run_turn(s.generate(tokens=[1], max_new_tokens=1))
+        drain_stream(s.generate(tokens=[1], max_new_tokens=1))
     fresh = client.open()
     assert fresh.replica_id in alive
     for s in [*sessions, fresh]:
@@ -175,7 +175,7 @@ def test_a_replica_declared_dead_by_mistake_rejoins_empty(server):
 
     def aborted(session) -> bool:  # the gateway follows the router's verdict within a poll
         try:
-            run_turn(session.generate(tokens=[1], max_new_tokens=1))
+            drain_stream(session.generate(tokens=[1], max_new_tokens=1))
         except grpc.RpcError as exc:
             return exc.code() == grpc.StatusCode.ABORTED
         return False
@@ -216,7 +216,7 @@ def test_drain_replica_keeps_its_sessions_and_takes_no_new_ones(server):
     assert reply.replica.state == pb.REPLICA_STATE_DRAINING
     assert {r.replica_id: r.state for r in client.replicas()}[target] == pb.REPLICA_STATE_DRAINING
     for s in kept:  # its sessions stay and keep working
-        ids, reason, _ = run_turn(s.generate(tokens=[2, 7], max_new_tokens=2))
+        ids, reason, _ = drain_stream(s.generate(tokens=[2, 7], max_new_tokens=2))
         assert len(ids) == 2 and reason == pb.FINISH_REASON_LENGTH
     fresh = [client.open() for _ in range(4)]
     assert target not in {s.replica_id for s in fresh}

@@ -16,13 +16,13 @@ import ray
 
 from protos import session_router_pb2 as pb
 from router.client import SessionClient, generate_request
-from tests.e2e_helpers import ServerThread, rpc_error, run_turn, wait_for
+from tests.support.cluster import ServerThread, drain_stream, rpc_error, wait_for
 
 OPEN_TIMEOUT_S = 3.0
 
 
 @pytest.fixture(scope="module")
-def server():
+def server(ray_cluster):
     srv = ServerThread(open_timeout_s=OPEN_TIMEOUT_S).start()
     yield srv
     srv.stop()
@@ -51,7 +51,9 @@ def test_every_turn_runs_on_the_pinned_replica(server, client):
     assert placed == set(server.replicas), f"sessions not spread over both replicas: {placed}"
     for turn in range(3):
         for n, s in enumerate(sessions):
-            ids, reason, committed = run_turn(s.generate(tokens=tokens(n + turn), max_new_tokens=4))
+            ids, reason, committed = drain_stream(
+                s.generate(tokens=tokens(n + turn), max_new_tokens=4)
+            )
             assert len(ids) == 4 and reason == pb.FINISH_REASON_LENGTH
             held = server.sessions_on()
             assert s.id in held[s.replica_id]
@@ -69,12 +71,12 @@ def test_every_turn_runs_on_the_pinned_replica(server, client):
 def test_second_turn_continues_from_the_first(server, client):
     t1, t2 = tokens(1, 10), tokens(2, 6)
     with client.open() as a:
-        out1, reason1, committed1 = run_turn(a.generate(tokens=t1, max_new_tokens=8))
-        out2, reason2, committed2 = run_turn(a.generate(tokens=t2, max_new_tokens=8))
+        out1, reason1, committed1 = drain_stream(a.generate(tokens=t1, max_new_tokens=8))
+        out2, reason2, committed2 = drain_stream(a.generate(tokens=t2, max_new_tokens=8))
     assert reason1 == reason2 == pb.FINISH_REASON_LENGTH
     assert (committed1, committed2) == (18, 32)
     with client.open() as fresh:
-        out, _, committed = run_turn(fresh.generate(tokens=t1 + out1 + t2, max_new_tokens=8))
+        out, _, committed = drain_stream(fresh.generate(tokens=t1 + out1 + t2, max_new_tokens=8))
     assert committed == committed2
     assert out == out2, "turn 2 did not continue from turn 1's state"
     server.wait_at_capacity()
@@ -141,10 +143,10 @@ def test_converse_cancel_releases_the_session(server, client):
 
 
 def test_open_waits_for_room_then_fails_or_succeeds(server, client):
-    capacity = server.config.replicas * server.config.max_sessions
+    capacity = server.config.replicas * server.config.replica.pools.max_sessions
     sessions = [client.open() for _ in range(capacity)]
     held = server.sessions_on()
-    assert all(len(held[r]) == server.config.max_sessions for r in held)
+    assert all(len(held[r]) == server.config.replica.pools.max_sessions for r in held)
 
     started = time.monotonic()
     err = rpc_error(client.open)

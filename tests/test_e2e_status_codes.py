@@ -18,14 +18,14 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from protos import session_router_pb2 as pb
 from router.client import SessionClient, generate_request
-from tests.e2e_helpers import ServerThread, rpc_error, run_turn, wait_for
+from tests.support.cluster import ServerThread, drain_stream, rpc_error, wait_for
 
 ALICE, BOB = "alice-key-0123456789", "bob-key-9876543210"
 Code = grpc.StatusCode
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(ray_cluster, tmp_path_factory):
     keys = tmp_path_factory.mktemp("keys") / "api-keys"
     keys.write_text(f"# key tenant\n{ALICE} alice\n{BOB} bob\n")
     srv = ServerThread(api_keys=str(keys), open_timeout_s=1.0).start()
@@ -62,7 +62,7 @@ def test_not_found(server, alice):
         metadata=alice.metadata,
     )
     s = alice.open()
-    run_turn(s.generate(tokens=[1, 2, 3], max_new_tokens=2))
+    drain_stream(s.generate(tokens=[1, 2, 3], max_new_tokens=2))
     assert s.close() is True
     expect(Code.NOT_FOUND, s.generate, tokens=[4, 5], max_new_tokens=2)
     expect(
@@ -95,7 +95,7 @@ def test_invalid_argument(server, alice):
             metadata=alice.metadata,
         )
         # none of the refusals touched the session: a valid turn still runs from scratch
-        ids, reason, committed = run_turn(s.generate(tokens=[1, 2], max_new_tokens=3))
+        ids, reason, committed = drain_stream(s.generate(tokens=[1, 2], max_new_tokens=3))
         assert len(ids) == 3 and reason == pb.FINISH_REASON_LENGTH and committed == 5
     first = pb.ConverseRequest(input=generate_request(tokens=[1, 2], max_new_tokens=2))
     expect(
@@ -109,12 +109,12 @@ def test_invalid_argument(server, alice):
 
 
 def test_out_of_range(server, alice):
-    limit = server.config.max_context
+    limit = server.config.replica.pools.max_context
     with alice.open() as s:
         err = expect(Code.OUT_OF_RANGE, s.generate, tokens=[1] * 20, max_new_tokens=limit)
         assert str(limit) in err.details()
         expect(Code.OUT_OF_RANGE, s.generate, tokens=[1] * (limit + 1), max_new_tokens=0)
-        _, _, committed = run_turn(s.generate(tokens=[1] * 400, max_new_tokens=limit - 400))
+        _, _, committed = drain_stream(s.generate(tokens=[1] * 400, max_new_tokens=limit - 400))
         assert committed == limit  # exactly fits; now nothing more does
         expect(Code.OUT_OF_RANGE, s.generate, tokens=[1], max_new_tokens=0)
     server.wait_at_capacity()
@@ -126,14 +126,14 @@ def test_failed_precondition_while_a_turn_runs(server, alice):
         first = next(long_turn)
         expect(Code.FAILED_PRECONDITION, s.generate, tokens=[4], max_new_tokens=2)
         # the turn in flight is unharmed by the refused one and runs to its end
-        ids, reason, committed = run_turn(long_turn)
+        ids, reason, committed = drain_stream(long_turn)
         assert len(first.token_ids) + len(ids) == 300
         assert reason == pb.FINISH_REASON_LENGTH and committed == 303
     server.wait_at_capacity()
 
 
 def test_resource_exhausted(server, alice):
-    capacity = server.config.replicas * server.config.max_sessions
+    capacity = server.config.replicas * server.config.replica.pools.max_sessions
     sessions = [alice.open() for _ in range(capacity)]
     err = expect(Code.RESOURCE_EXHAUSTED, alice.open)
     assert "room" in err.details()
@@ -160,7 +160,7 @@ def test_unauthenticated(server, alice):
                     iter([pb.ConverseRequest(open=pb.OpenSessionRequest())]),
                     timeout=30,
                 )
-            run_turn(s.generate(tokens=[1], max_new_tokens=2))  # still alice's, still open
+            drain_stream(s.generate(tokens=[1], max_new_tokens=2))  # still alice's, still open
     server.wait_at_capacity()
 
 
@@ -174,7 +174,7 @@ def test_permission_denied(server, alice, bob):
             metadata=bob.metadata,
         )
         expect(Code.PERMISSION_DENIED, bob.close_session, s.id)
-        ids, _, committed = run_turn(s.generate(tokens=[1], max_new_tokens=2))
+        ids, _, committed = drain_stream(s.generate(tokens=[1], max_new_tokens=2))
         assert committed == 3, "bob's refused calls changed alice's session"
     server.wait_at_capacity()
 
@@ -183,8 +183,11 @@ def test_close_is_idempotent_and_get_session_reports_committed(server, alice):
     s = alice.open()
     got = alice.sessions.GetSession(pb.GetSessionRequest(session_id=s.id), metadata=alice.metadata)
     assert (got.committed_tokens, got.turn_running) == (0, False)
-    assert got.replica_id == s.replica_id and got.max_context_tokens == server.config.max_context
-    _, _, committed = run_turn(s.generate(tokens=[5, 6, 7, 8], max_new_tokens=6))
+    assert (
+        got.replica_id == s.replica_id
+        and got.max_context_tokens == server.config.replica.pools.max_context
+    )
+    _, _, committed = drain_stream(s.generate(tokens=[5, 6, 7, 8], max_new_tokens=6))
     got = alice.sessions.GetSession(pb.GetSessionRequest(session_id=s.id), metadata=alice.metadata)
     assert got.committed_tokens == committed == 10
     assert alice.close_session(s.id) is True
@@ -245,7 +248,7 @@ def test_aborted_after_the_replica_died(server, alice):
     sessions = [alice.open() for _ in range(4)]
     victim = sessions[0].replica_id
     for s in sessions:
-        run_turn(s.generate(tokens=[1, 2], max_new_tokens=2))
+        drain_stream(s.generate(tokens=[1, 2], max_new_tokens=2))
     ray.kill(server.replicas[victim], no_restart=True)
     doomed = [s for s in sessions if s.replica_id == victim]
     for s in doomed:
@@ -262,7 +265,7 @@ def test_aborted_after_the_replica_died(server, alice):
     survivors = [r for r in server.replicas if r != victim]
     for s in sessions:
         if s.replica_id != victim:
-            run_turn(s.generate(tokens=[3], max_new_tokens=2))
+            drain_stream(s.generate(tokens=[3], max_new_tokens=2))
         s.close()
     wait_for(
         lambda: any(

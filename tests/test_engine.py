@@ -6,19 +6,20 @@ from __future__ import annotations
 
 import pytest
 
-from replica.config import PoolConfig
-from replica.engine.engine import Engine
-from replica.engine.request import FinishReason, SamplingParams
-from replica.errors import (
+from replica.api import (
     ContextOverflowError,
+    FinishReason,
     InvalidRequestError,
     PoolExhaustedError,
+    SamplingParams,
     SessionNotFoundError,
+    TurnEvent,
     TurnRunningError,
 )
-from replica.outputs import TurnEvent
-from tests.engine_helpers import (
-    assert_all_free,
+from replica.config import PoolConfig
+from replica.engine.engine import Engine
+from tests.support.engine import (
+    assert_engine_at_capacity,
     assert_same_state,
     close_and_check,
     drain,
@@ -81,7 +82,7 @@ def test_batch_invariance(page_size):
         alone[sid] = run_turn(engine, sid, ids, greedy(new[sid]))[0]
         alone_state[sid] = session_state(engine, sid)
         engine.close_session(sid)
-    assert_all_free(engine)
+    assert_engine_at_capacity(engine)
     for sid in prompts:
         engine.open_session(sid)
     batched = run_batch(engine, {sid: (ids, greedy(new[sid])) for sid, ids in prompts.items()})
@@ -482,7 +483,7 @@ def test_close_during_turn_frees_everything(track):
     engine.close_session("w")
     assert not engine.has_work
     engine.close_session("keep")
-    assert_all_free(engine)
+    assert_engine_at_capacity(engine)
     close_and_check(engine)
 
 

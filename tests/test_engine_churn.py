@@ -8,9 +8,9 @@ from __future__ import annotations
 import random
 import time
 
+from replica.api import FinishReason, SamplingParams
 from replica.config import PoolConfig
-from replica.engine.request import FinishReason, SamplingParams
-from tests.engine_helpers import assert_all_free, drain, make_engine
+from tests.support.engine import assert_engine_at_capacity, drain, make_engine
 
 SESSIONS = 2000
 CONCURRENCY = 16
@@ -152,5 +152,5 @@ def test_churn_2000_sessions():
     assert min(driver.ended.values()) > 50, driver.ended
     assert len(engine.sessions) == 0
     assert engine.checker.violations == 0
-    assert_all_free(engine)
+    assert_engine_at_capacity(engine)
     assert time.monotonic() - start < 120

@@ -7,16 +7,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from replica.api import FinishReason
 from replica.config import PoolConfig
-from replica.engine.request import FinishReason
-from tests.engine_helpers import (
+from tests.support.engine import (
     close_and_check,
     greedy,
     make_checkpoint_engine,
     run_turn,
     token_ids,
 )
-from tests.hf_peer import tiny_hf_bamba
+from tests.support.hf_peer import tiny_hf_bamba
 
 
 @pytest.fixture(scope="module")

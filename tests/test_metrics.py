@@ -9,8 +9,8 @@ import urllib.request
 import pytest
 from prometheus_client import generate_latest
 
-from router.metrics import RELEASE_REASONS, build_registry, serve_metrics
-from tests.metrics_helpers import cluster_views, parse_samples, select
+from router.gateway.metrics import RELEASE_REASONS, build_registry, serve_metrics
+from tests.support.metrics import cluster_views, parse_samples, select
 
 CLUSTER_FAMILIES = {
     "session_router_pool_slots": "gauge",

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from replica.model import LayerBuffers, load_model
-from tests.hf_peer import VOCAB, tiny_hf_bamba
+from tests.support.hf_peer import VOCAB, tiny_hf_bamba
 
 
 @pytest.fixture(scope="module", params=[(1, False), (2, True)], ids=["g1", "g2-tied"])

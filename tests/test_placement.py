@@ -7,15 +7,15 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replica.pools.accounting import PoolSnapshot, PoolStats
-from router.placement import (
+from replica.api import PoolSnapshot, PoolStats
+from router.control.placement import (
     candidates,
     choose_replica,
     is_healthy,
     room_of,
     room_report,
 )
-from router.views import ReplicaHealth, ReplicaView
+from router.control.views import ReplicaHealth, ReplicaView
 
 MAMBA_PER_SESSION = 2
 KV_PER_SESSION = 64

@@ -14,9 +14,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from replica.errors import PoolExhaustedError, SlotStateError
+from replica.api import PoolExhaustedError, SlotStateError
 from replica.pools.kv_pool import pages_for
-from tests.pool_helpers import make_pools
+from tests.support.pools import make_pools
 
 
 def make_machine(page_size: int):

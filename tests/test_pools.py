@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from replica.engine.request import Req
-from replica.errors import PoolExhaustedError, SlotStateError
+from replica.api import PoolExhaustedError, SlotStateError
 from replica.pools.kv_pool import pages_for
-from tests.pool_helpers import assert_all_free, assert_consistent, make_pools
+from replica.sessions.request import Req
+from tests.support.pools import assert_all_free, assert_consistent, make_pools
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
@@ -60,17 +60,17 @@ def test_mamba_alloc_zeroes_and_copy_copies_every_layer():
 @pytest.mark.parametrize("track", [0, 1, 2])
 def test_hybrid_alloc_gives_row_state_and_track_buffer(track):
     pool, sessions, _ = make_pools(max_sessions=3, track=track)
-    reqs = [Req("s", [1]) for _ in range(3)]
-    pool.alloc(reqs)
-    held = [r.mamba_pool_idx for r in reqs] + [i for r in reqs for i in r.mamba_track_buffer]
+    seqs = pool.alloc_seqs(3)
+    reqs = [Req("s", [1], seq=seq) for seq in seqs]
+    held = [s.mamba_pool_idx for s in seqs] + [i for s in seqs for i in s.mamba_track_buffer]
     assert len(set(held)) == 3 * (1 + track)
-    assert all(len(r.mamba_track_buffer) == track for r in reqs)
+    assert len({s.req_pool_idx for s in seqs}) == 3
+    assert all(len(s.mamba_track_buffer) == track for s in seqs)
     assert_consistent(pool, sessions, reqs)
     with pytest.raises(PoolExhaustedError):
-        pool.alloc([Req("s", [1])])
-    for r in reqs:
-        pool.free(r)
-        assert not r.owns_slots
+        pool.alloc_seqs(1)
+    for seq in seqs:
+        pool.free_seq(seq, 0)
     assert_all_free(pool, sessions)
 
 

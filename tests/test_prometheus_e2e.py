@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from router.client import SessionClient
-from tests.prom_helpers import (
+from tests.support.prometheus import (
     BUILTINS,
     PROMETHEUS_DIR,
     PromError,

@@ -6,8 +6,8 @@ cycles. ``session_held_mamba_slots`` must equal (idle sessions) x 3 exactly at e
 session whose turn is in the running batch excluded.
 """
 
-from replica.engine.request import Req
-from tests.pool_helpers import assert_all_free, assert_consistent, grow, make_pools
+from replica.sessions.request import Req
+from tests.support.pools import assert_all_free, assert_consistent, grow, make_pools
 
 CYCLES = 10_000
 
@@ -24,7 +24,7 @@ def test_ten_thousand_short_sessions_never_exhaust_the_mamba_pool():
         req = Req(sid, [1, 2, 3])
         sessions.restore_to_req(req)
         grow(pool, req, 3 + cycle % 5)
-        active = {req.req_pool_idx}
+        active = {req.seq.req_pool_idx}
         assert sessions.session_held_mamba_slots(active) == len(idle) * 3
         if cycle % 100 == 0:
             assert_consistent(pool, sessions, [req])

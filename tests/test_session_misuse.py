@@ -1,14 +1,14 @@
 import pytest
 
-from replica.engine.request import Req
-from replica.errors import (
+from replica.api import (
     InvalidRequestError,
     PoolExhaustedError,
     SessionNotFoundError,
     SlotStateError,
     TurnRunningError,
 )
-from tests.pool_helpers import assert_all_free, assert_consistent, grow, make_pools
+from replica.sessions.request import Req
+from tests.support.pools import assert_all_free, assert_consistent, grow, make_pools
 
 
 def test_restoring_a_closed_session_raises_not_found():
@@ -95,13 +95,13 @@ def test_rollback_with_track_buffer_restores_checkpoint_and_frees_kv_tail():
     turn1 = Req("a", [1] * 5)
     sessions.restore_to_req(turn1)
     grow(pool, turn1, 5)
-    pool.mamba_pool.ssm[0][turn1.mamba_pool_idx].fill_(1.5)
+    pool.mamba_pool.ssm[0][turn1.seq.mamba_pool_idx].fill_(1.5)
     sessions.save_from_req(turn1)
     free_after_turn1 = pool.kv_pool.free_tokens
     turn2 = Req("a", [2] * 30)
     sessions.restore_to_req(turn2)
     grow(pool, turn2, 30)
-    mamba_idx = turn2.mamba_pool_idx
+    mamba_idx = turn2.seq.mamba_pool_idx
     pool.mamba_pool.ssm[0][mamba_idx].fill_(9.0)
     slot = sessions.rollback(turn2)
     assert slot.committed_len == 5
@@ -109,6 +109,13 @@ def test_rollback_with_track_buffer_restores_checkpoint_and_frees_kv_tail():
     assert pool.kv_pool.free_tokens == free_after_turn1
     sessions.release_session("a")
     assert_all_free(pool, sessions)
+
+
+def release_expired(sessions) -> list[str]:
+    expired = sessions.idle_expired()
+    for sid in expired:
+        sessions.release_session(sid, "idle_timeout")
+    return expired
 
 
 def test_idle_timeout_releases_only_idle_sessions():
@@ -119,11 +126,11 @@ def test_idle_timeout_releases_only_idle_sessions():
     req = Req("busy", [1])
     sessions.restore_to_req(req)
     clock.now += 11
-    assert sessions.release_idle() == ["idle"]
+    assert release_expired(sessions) == ["idle"]
     assert sessions.released_total["idle_timeout"] == 1
     sessions.save_from_req(req)
     clock.now += 11
-    assert sessions.release_idle() == ["busy"]
+    assert release_expired(sessions) == ["busy"]
     clock.now += 100
-    assert sessions.release_idle() == ["custom"]
+    assert release_expired(sessions) == ["custom"]
     assert_all_free(pool, sessions)

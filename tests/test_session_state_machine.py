@@ -23,9 +23,9 @@ from hypothesis.stateful import (
     rule,
 )
 
-from replica.engine.request import Req
-from replica.errors import PoolExhaustedError, SessionNotFoundError, TurnRunningError
-from tests.pool_helpers import assert_all_free, assert_consistent, grow, make_pools
+from replica.api import PoolExhaustedError, SessionNotFoundError, TurnRunningError
+from replica.sessions.request import Req
+from tests.support.pools import assert_all_free, assert_consistent, grow, make_pools
 
 
 def make_machine(page_size: int, track: int):
@@ -82,7 +82,7 @@ def make_machine(page_size: int, track: int):
                 with pytest.raises(PoolExhaustedError):
                     self.pool.kv_pool.extend(
                         self.pool.req_to_token,
-                        req.req_pool_idx,
+                        req.seq.req_pool_idx,
                         req.kv_len,
                         req.kv_len + free_before + 100,
                     )
@@ -90,18 +90,18 @@ def make_machine(page_size: int, track: int):
                 return
             grow(self.pool, req, n)
             req.output_ids.extend([9] * max(0, req.turn_folded - len(req.input_ids)))
-            self.pool.mamba_pool.ssm[0][req.mamba_pool_idx].fill_(float(next(self.counter)))
+            self.pool.mamba_pool.ssm[0][req.seq.mamba_pool_idx].fill_(float(next(self.counter)))
 
         def _finish(self, sid: str, commit: bool) -> None:
             req = self.running.pop(sid)
-            mamba_idx = req.mamba_pool_idx
+            mamba_idx = req.seq.mamba_pool_idx
             state_now = self._ssm(mamba_idx)
             if commit or not track:
                 self.sessions.save_from_req(req)
                 self.marker[sid] = state_now
             else:
                 self.sessions.rollback(req)
-            assert not req.owns_slots
+            assert req.seq is None
             if sid in self.sessions.sessions:
                 assert self._ssm(mamba_idx) == self.marker[sid]
 
@@ -130,8 +130,10 @@ def make_machine(page_size: int, track: int):
         @rule(seconds=st.floats(0, 120))
         def time_passes(self, seconds):
             self.clock.now += seconds
-            expired = self.sessions.release_idle()
+            expired = self.sessions.idle_expired()
             assert not set(expired) & set(self.running)
+            for sid in expired:
+                self.sessions.release_session(sid, "idle_timeout")
 
         @rule(extra=st.integers(1, 3))
         def alloc_that_does_not_fit(self, extra):
@@ -144,7 +146,7 @@ def make_machine(page_size: int, track: int):
         def accounted(self):
             assert_consistent(self.pool, self.sessions, self.running.values())
             idle = [s for s in self.sessions.sessions.values() if s.turn is None]
-            active = {r.req_pool_idx for r in self.running.values()}
+            active = {r.seq.req_pool_idx for r in self.running.values()}
             assert self.sessions.session_held_mamba_slots(active) == len(idle) * (1 + track)
             for slot in idle:
                 assert self._ssm(slot.seq.mamba_pool_idx) == self.marker[slot.session_id]

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from replica.errors import PoolExhaustedError, SlotStateError
+from replica.api import PoolExhaustedError, SlotStateError
 from replica.pools.slot_allocator import SlotAllocator
 
 

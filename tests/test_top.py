@@ -8,9 +8,11 @@ import socket
 
 import pytest
 
-from router.metrics import build_registry, serve_metrics
-from router.top import CLEAR_SCREEN, fetch_metrics, main, parse_table, render, run_top
-from tests.metrics_helpers import cluster_views
+from router.gateway.metrics import build_registry, serve_metrics
+from router.ops.cli import main as cli_main
+from router.ops.pool_table import render
+from router.ops.top import CLEAR_SCREEN, fetch_metrics, parse_table, run_top
+from tests.support.metrics import cluster_views
 
 
 @pytest.fixture
@@ -115,7 +117,7 @@ def test_render_shows_the_numbers_and_marks_leaks(metrics_url):
 
 
 def test_once_mode_prints_the_table(metrics_url, capsys):
-    assert main(["--metrics-url", metrics_url, "--once"]) == 0
+    assert cli_main(["top", "--metrics-url", metrics_url, "--once"]) == 0
     printed = capsys.readouterr().out
     assert metrics_url in printed
     assert cells(printed, "replica-a")[5:9] == ["mamba", "8", "6", "2"]
@@ -152,5 +154,5 @@ def test_unreachable_endpoint_is_reported_and_retried(metrics_url):
 
 
 def test_once_mode_fails_cleanly_when_unreachable(capsys):
-    assert main(["--metrics-url", closed_port_url(), "--once"]) == 1
+    assert cli_main(["top", "--metrics-url", closed_port_url(), "--once"]) == 1
     assert "cannot read" in capsys.readouterr().out

@@ -18,9 +18,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from replica.api import PoolSnapshot, TurnEvent
 from replica.engine.engine import Engine
-from replica.outputs import TurnEvent
-from replica.pools.accounting import PoolSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +52,6 @@ class AsyncEngine:
         self._commands.put((fn, args, future))
         return await future
 
-    def call_nowait(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Fire and forget (errors are logged)."""
-        self._commands.put((fn, args, None))
-
     def _run(self) -> None:
         next_snapshot = next_idle_check = 0.0
         try:
@@ -88,13 +83,9 @@ class AsyncEngine:
             try:
                 result = fn(*args)
             except Exception as exc:  # noqa: BLE001 - handed to the caller
-                if future is None:
-                    log.warning("engine command %s failed: %s", getattr(fn, "__name__", fn), exc)
-                else:
-                    self._loop.call_soon_threadsafe(_set_exception, future, exc)
+                self._loop.call_soon_threadsafe(_set_exception, future, exc)
             else:
-                if future is not None:
-                    self._loop.call_soon_threadsafe(_set_result, future, result)
+                self._loop.call_soon_threadsafe(_set_result, future, result)
             try:
                 item = self._commands.get_nowait()
             except queue.Empty:

@@ -18,20 +18,26 @@ import time
 import uuid
 from collections.abc import Sequence
 
+from replica.accounting import InvariantChecker, count_pools
+from replica.api import (
+    FinishReason,
+    PoolSnapshot,
+    ReleaseReason,
+    ReplicaDrainingError,
+    SamplingParams,
+    SessionInfo,
+    StatusCode,
+    TurnEvent,
+    TurnRunningError,
+)
 from replica.config import ReplicaConfig
 from replica.engine.model_runner import ModelRunner
-from replica.engine.request import FinishReason, Req, SamplingParams
 from replica.engine.sampling import make_generator, sample
 from replica.engine.scheduler import Scheduler, input_left
 from replica.engine.turn_check import check_turn
-from replica.errors import (
-    ReplicaDrainingError,
-    TurnRunningError,
-)
 from replica.model import BambaModel, IncrementalDetokenizer, Tokenizer
-from replica.outputs import SessionInfo, TurnEvent
-from replica.pools.accounting import InvariantChecker, PoolSnapshot, count_pools
 from replica.pools.hybrid_pool import HybridReqToTokenPool
+from replica.sessions.request import Req
 from replica.sessions.session import SessionSlot, StreamingSession
 
 log = logging.getLogger(__name__)
@@ -49,7 +55,8 @@ class Engine:
         self.replica_id = replica_id
         self.incarnation = uuid.uuid4().hex[:12]
         self.tokenizer = tokenizer
-        self.pool = HybridReqToTokenPool(config.model, config.pools)
+        self.model_config = model.cfg
+        self.pool = HybridReqToTokenPool(model.cfg, config.pools)
         self.sessions = StreamingSession(self.pool, config.session_idle_timeout_s)
         self.scheduler = Scheduler(
             self.pool, self.sessions, config.max_prefill_chunk, config.max_batch_tokens
@@ -57,20 +64,28 @@ class Engine:
         self.runner = ModelRunner(model, self.pool)
         self.checker = InvariantChecker(config.strict)
         self.draining = False
-        self._events: list[TurnEvent] = []
+        self._events: list[TurnEvent] = []  # produced since the last ``take_events``
         self._generators: dict[int, object] = {}
         self._detok: dict[int, IncrementalDetokenizer] = {}
 
     # ----- sessions -------------------------------------------------------------------------
 
-    def open_session(self, session_id: str, idle_timeout_s: float = 0.0) -> SessionInfo:
+    def open_session(
+        self,
+        session_id: str,
+        idle_timeout_s: float = 0.0,
+        tenant: str = "",
+        gateway_id: str = "",
+    ) -> SessionInfo:
+        """Open a session (its slots are reserved now); the idle timeout is capped by the
+        replica's. ``gateway_id`` is where its turn events go until a turn says otherwise."""
         if self.draining:
             raise ReplicaDrainingError(f"replica {self.replica_id} is draining")
         cap = self.config.session_idle_timeout_s
         timeout = min(idle_timeout_s, cap) if idle_timeout_s > 0 else cap
-        return self.info(self.sessions.open(session_id, timeout))
+        return self.info(self.sessions.open(session_id, timeout, tenant, gateway_id))
 
-    def close_session(self, session_id: str, reason: str = "closed") -> bool:
+    def close_session(self, session_id: str, reason: ReleaseReason = ReleaseReason.CLOSED) -> bool:
         """Release the session; a turn in flight is cancelled first. Idempotent."""
         self.cancel(session_id, "session closed")
         return self.sessions.release_session(session_id, reason)
@@ -87,22 +102,32 @@ class Engine:
     def session_info(self, session_id: str) -> SessionInfo:
         return self.info(self.sessions.get(session_id))
 
-    def session_ids(self) -> list[str]:
-        return [s.session_id for s in self.sessions.sessions.values() if s.close_reason is None]
+    def session_tenants(self) -> dict[str, str]:
+        """Every open session and its tenant (what a restarted router rebuilds its table from)."""
+        return {
+            s.session_id: s.tenant
+            for s in self.sessions.sessions.values()
+            if s.close_reason is None
+        }
 
     def release_idle(self) -> list[str]:
         busy = {req.session_id for req in self.scheduler.waiting}
         expired = [sid for sid in self.sessions.idle_expired() if sid not in busy]
         for sid in expired:
-            self.sessions.release_session(sid, "idle_timeout")
+            self.sessions.release_session(sid, ReleaseReason.IDLE_TIMEOUT)
         return expired
 
     # ----- turns ----------------------------------------------------------------------------
 
     def submit(
-        self, session_id: str, input_ids: Sequence[int], sampling: SamplingParams | None = None
+        self,
+        session_id: str,
+        input_ids: Sequence[int],
+        sampling: SamplingParams | None = None,
+        gateway_id: str | None = None,
     ) -> Req:
-        """Queue a turn. Validates everything up front; raises a typed ``ReplicaError``."""
+        """Queue a turn; its events go to ``gateway_id`` (from now on, the session's gateway).
+        Validates everything up front; raises a typed ``ReplicaError``."""
         sampling = sampling or SamplingParams()
         slot = self.sessions.get(session_id)
         if self.scheduler.find(session_id)[0] is not None:
@@ -111,8 +136,10 @@ class Engine:
                 "its last chunk or interrupt it"
             )
         check_turn(
-            slot, input_ids, sampling, self.config.model.vocab_size, self.config.pools.max_context
+            slot, input_ids, sampling, self.model_config.vocab_size, self.config.pools.max_context
         )
+        if gateway_id is not None:
+            slot.gateway_id = gateway_id
         req = Req(session_id, list(input_ids), sampling)
         if not input_ids and not slot.pending_ids:
             # Nothing to fold and nothing to generate: the turn is done (it would never be
@@ -147,10 +174,11 @@ class Engine:
         if req is None or (turn_id is not None and req.rid != turn_id):
             return False
         if running:
-            self._fail(req, "CANCELLED", why)
+            self._fail(req, StatusCode.CANCELLED, why)
         else:
             self.scheduler.waiting.remove(req)
-            self._emit(TurnEvent(session_id, req.rid, error_code="CANCELLED", error=why))
+            slot = self.sessions.get(session_id)
+            self._emit(slot, req, error_code=StatusCode.CANCELLED, error=why)
         return True
 
     # ----- the step -------------------------------------------------------------------------
@@ -162,7 +190,8 @@ class Engine:
     def step(self) -> list[TurnEvent]:
         """Run one engine step; returns the events it (and commands since the last) produced."""
         for req, err in self.scheduler.admit():
-            self._emit(TurnEvent(req.session_id, req.rid, error_code=err.code, error=str(err)))
+            slot = self.sessions.get(req.session_id)
+            self._emit(slot, req, error_code=err.code, error=str(err))
         plan = self.scheduler.plan()
         if plan.decode:
             self._run(plan.decode, lambda: self.runner.decode(plan.decode), after_prefill=False)
@@ -179,7 +208,7 @@ class Engine:
         except Exception as exc:  # noqa: BLE001 - a failed forward must not lose the slots
             log.exception("forward failed for turns %s", [r.rid for r in reqs])
             for req in reqs:
-                self._fail(req, "INTERNAL", f"model forward failed: {exc}")
+                self._fail(req, StatusCode.INTERNAL, f"model forward failed: {exc}")
             return
         if after_prefill:  # sample only for turns whose input is now all folded in
             rows = [i for i, req in enumerate(reqs) if not input_left(req)]
@@ -202,7 +231,7 @@ class Engine:
         elif len(req.output_ids) >= req.sampling.max_new_tokens:
             self._end_turn(req, FinishReason.LENGTH, (token,), text)
         else:
-            self._emit(TurnEvent(req.session_id, req.rid, (token,), text))
+            self._emit(self.sessions.get(req.session_id), req, token_ids=(token,), text=text)
 
     def _end_turn(
         self, req: Req, reason: FinishReason, tokens: tuple[int, ...] = (), text: str = ""
@@ -221,25 +250,29 @@ class Engine:
         tokens: tuple[int, ...] = (),
         text: str = "",
     ) -> None:
-        self._emit(TurnEvent(req.session_id, req.rid, tokens, text, reason, slot.committed_tokens))
+        self._emit(
+            slot,
+            req,
+            token_ids=tokens,
+            text=text,
+            finish_reason=reason,
+            committed_tokens=slot.committed_tokens,
+        )
 
-    def _fail(self, req: Req, code: str, why: str) -> None:
+    def _fail(self, req: Req, code: StatusCode, why: str) -> None:
         self.scheduler.finish(req)
         slot = self.sessions.rollback(req)
         self._detok.pop(req.rid, None)
         self._generators.pop(req.rid, None)
-        self._emit(
-            TurnEvent(
-                req.session_id,
-                req.rid,
-                committed_tokens=slot.committed_tokens,
-                error_code=code,
-                error=why,
-            )
-        )
+        self._emit(slot, req, committed_tokens=slot.committed_tokens, error_code=code, error=why)
 
-    def _emit(self, event: TurnEvent) -> None:
-        self._events.append(event)
+    def _emit(self, slot: SessionSlot, req: Req, **fields) -> None:
+        """An event of ``req``'s turn, addressed to its session's gateway. ``slot`` is the
+        session's record, passed in because a session closed during its turn is already gone
+        from the table when the turn's last event is emitted."""
+        self._events.append(
+            TurnEvent(req.session_id, req.rid, gateway_id=slot.gateway_id, **fields)
+        )
 
     def take_events(self) -> list[TurnEvent]:
         events, self._events = self._events, []
@@ -268,6 +301,6 @@ class Engine:
         self.pool.check_integrity()
         return snap
 
-    def close_all(self, reason: str = "closed") -> None:
+    def close_all(self, reason: ReleaseReason = ReleaseReason.CLOSED) -> None:
         for session_id in list(self.sessions.sessions):
             self.close_session(session_id, reason)

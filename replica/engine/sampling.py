@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from replica.engine.request import Req
+from replica.sessions.request import Req
 
 
 def make_generator(req: Req) -> torch.Generator | None:

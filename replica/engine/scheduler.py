@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from replica.engine.request import Req
-from replica.errors import PoolExhaustedError
+from replica.api import PoolExhaustedError
 from replica.pools.hybrid_pool import HybridReqToTokenPool
+from replica.sessions.request import Req
 from replica.sessions.session import StreamingSession
 
 
@@ -83,7 +83,7 @@ class Scheduler:
             self.waiting.popleft()
             self.sessions.restore_to_req(req)
             try:
-                kv.extend(self.pool.req_to_token, req.req_pool_idx, req.kv_len, target)
+                kv.extend(self.pool.req_to_token, req.slots.req_pool_idx, req.kv_len, target)
             except PoolExhaustedError as err:  # checked above; never leave the turn half-started
                 self.sessions.rollback(req)
                 refused.append((req, err))

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from replica.engine.request import SamplingParams
-from replica.errors import ContextOverflowError, InvalidRequestError
+from replica.api import ContextOverflowError, InvalidRequestError, SamplingParams
 from replica.sessions.session import SessionSlot
 
 

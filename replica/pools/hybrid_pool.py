@@ -3,24 +3,21 @@
 Every sequence (a running request, or an idle session between turns) holds one req row, one
 mamba slot for its live state (``mamba_pool_idx``) and ``mamba_track_buffers`` more mamba slots
 (its track buffer; entry 0 holds the checkpoint that makes turns atomic), plus the KV pages of
-its positions. ``alloc_seqs`` and ``alloc`` are all-or-nothing; ``free_seq`` gives back all of it,
+its positions. ``alloc_seqs`` is all-or-nothing; ``free_seq`` gives back all of it,
 the mamba slots included.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
+from replica.api import PoolExhaustedError
 from replica.config import PoolConfig
-from replica.errors import PoolExhaustedError
+from replica.model.buffers import LayerBuffers
 from replica.model.config import ModelConfig
 from replica.pools.kv_pool import KVTokenPool
 from replica.pools.mamba_pool import MambaPool
 from replica.pools.req_to_token_pool import ReqToTokenPool
-
-if TYPE_CHECKING:
-    from replica.engine.request import Req
 
 
 class SeqSlots(NamedTuple):
@@ -59,14 +56,6 @@ class HybridReqToTokenPool(ReqToTokenPool):
         mamba = self.mamba_pool.alloc(n * self.slots_per_seq).view(n, self.slots_per_seq).tolist()
         return [SeqSlots(row, m[0], tuple(m[1:])) for row, m in zip(rows, mamba)]
 
-    def alloc(self, reqs: Sequence[Req]) -> None:
-        """Give each new request a row, a ``mamba_pool_idx`` and its track buffer."""
-        for req, seq in zip(reqs, self.alloc_seqs(len(reqs))):
-            req.req_pool_idx = seq.req_pool_idx
-            req.mamba_pool_idx = seq.mamba_pool_idx
-            req.mamba_track_buffer = seq.mamba_track_buffer
-            req.kv_len = 0
-
     def free_seq(self, seq: SeqSlots, kv_len: int) -> None:
         """Free a sequence's KV pages (positions ``0..kv_len-1``), its row and its mamba slots."""
         self.kv_pool.truncate(self.req_to_token, seq.req_pool_idx, 0, kv_len)
@@ -76,16 +65,9 @@ class HybridReqToTokenPool(ReqToTokenPool):
     def free_mamba(self, seq: SeqSlots) -> None:
         self.mamba_pool.free([seq.mamba_pool_idx, *seq.mamba_track_buffer])
 
-    def free(self, req: Req) -> None:
-        """Free everything a request holds and clear its fields."""
-        self.free_seq(req.seq_slots(), req.kv_len)
-        req.clear_slots()
-
     @property
-    def buffers(self):
-        """The model's view of the state tensors (``replica.model.LayerBuffers``)."""
-        from replica.model.buffers import LayerBuffers
-
+    def buffers(self) -> LayerBuffers:
+        """The model's view of the state tensors."""
         return LayerBuffers(
             conv=self.mamba_pool.conv, ssm=self.mamba_pool.ssm, k=self.kv_pool.k, v=self.kv_pool.v
         )

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from replica.errors import PoolExhaustedError, SlotStateError
+from replica.api import PoolExhaustedError, SlotStateError
 
 
 class SlotAllocator:
@@ -35,10 +35,6 @@ class SlotAllocator:
     @property
     def num_free(self) -> int:
         return self._num_free
-
-    @property
-    def num_allocated(self) -> int:
-        return self.size - self._num_free
 
     def can_alloc(self, n: int) -> bool:
         return 0 <= n <= self._num_free

@@ -19,30 +19,32 @@ from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from replica.engine.request import Req
-from replica.errors import (
+from replica.api import (
     InvalidRequestError,
     PoolExhaustedError,
+    ReleaseReason,
     SessionNotFoundError,
     TurnRunningError,
 )
 from replica.pools.hybrid_pool import HybridReqToTokenPool, SeqSlots
-
-RELEASE_REASONS = ("closed", "stream_ended", "idle_timeout", "aborted", "replica_lost")
+from replica.sessions.request import Req
 
 
 @dataclass(slots=True, eq=False)
 class SessionSlot:
-    """What a session holds between turns. ``turn`` is the running turn that owns them now."""
+    """The replica's one record of a session: the slots it holds between turns (``turn`` is the
+    running turn that owns them now), who it belongs to and where its events go."""
 
     session_id: str
     seq: SeqSlots
     idle_timeout_s: float
     last_active: float
+    tenant: str = ""  # the owner; kept so a restarted router can rebuild its table
+    gateway_id: str = ""  # the gateway whose stream gets this session's turn events
     committed_len: int = 0  # tokens folded into the state; KV positions 0..committed_len-1
     pending_ids: tuple[int, ...] = ()  # produced tokens not yet folded (fed first next turn)
     turn: Req | None = None
-    close_reason: str | None = None  # set when a close waits for the running turn to end
+    close_reason: ReleaseReason | None = None  # set when a close waits for the turn to end
 
     @property
     def committed_tokens(self) -> int:
@@ -74,7 +76,13 @@ class StreamingSession:
     def can_open(self) -> bool:
         return self.pool.can_alloc(1)
 
-    def open(self, session_id: str, idle_timeout_s: float | None = None) -> SessionSlot:
+    def open(
+        self,
+        session_id: str,
+        idle_timeout_s: float | None = None,
+        tenant: str = "",
+        gateway_id: str = "",
+    ) -> SessionSlot:
         """Reserve a row and 1 + track-buffer mamba slots. Raises ``PoolExhaustedError``."""
         if session_id in self.sessions:
             raise InvalidRequestError(f"session {session_id} is already open")
@@ -85,7 +93,7 @@ class StreamingSession:
             )
         (seq,) = self.pool.alloc_seqs(1)
         timeout = idle_timeout_s or self.default_idle_timeout_s
-        slot = SessionSlot(session_id, seq, timeout, self.clock())
+        slot = SessionSlot(session_id, seq, timeout, self.clock(), tenant, gateway_id)
         self.sessions[session_id] = slot
         self.opened_total += 1
         return slot
@@ -106,9 +114,7 @@ class StreamingSession:
                 f"session {req.session_id} already has a turn running; "
                 "wait for it to finish or interrupt it"
             )
-        seq = slot.seq
-        req.req_pool_idx, req.mamba_pool_idx = seq.req_pool_idx, seq.mamba_pool_idx
-        req.mamba_track_buffer = seq.mamba_track_buffer
+        seq = req.seq = slot.seq
         req.prefix_len = req.folded_len = req.kv_len = slot.committed_len
         req.input_ids = [*slot.pending_ids, *req.input_ids]
         if seq.mamba_track_buffer:  # checkpoint: entry 0 of the track buffer
@@ -139,17 +145,18 @@ class StreamingSession:
 
     def _end_turn(self, slot: SessionSlot, req: Req) -> SessionSlot:
         self.kv.truncate(self.pool.req_to_token, slot.req_pool_idx, slot.committed_len, req.kv_len)
-        req.clear_slots()
+        req.release_slots()
         slot.turn = None
         slot.last_active = self.clock()
         if slot.close_reason is not None:
             self._free_slot(slot, slot.close_reason)
         return slot
 
-    def release_session(self, session_id: str, reason: str = "closed") -> bool:
+    def release_session(
+        self, session_id: str, reason: ReleaseReason = ReleaseReason.CLOSED
+    ) -> bool:
         """Free everything the session holds. Idempotent; returns whether it was open."""
-        if reason not in RELEASE_REASONS:
-            raise ValueError(f"unknown release reason {reason!r}")
+        reason = ReleaseReason(reason)
         slot = self.sessions.get(session_id)
         if slot is None or slot.close_reason is not None:
             return False
@@ -159,12 +166,12 @@ class StreamingSession:
             self._free_slot(slot, reason)
         return True
 
-    def _free_slot(self, slot: SessionSlot, reason: str) -> None:
+    def _free_slot(self, slot: SessionSlot, reason: ReleaseReason) -> None:
         del self.sessions[slot.session_id]
         self.kv.truncate(self.pool.req_to_token, slot.req_pool_idx, 0, slot.committed_len)
         self.pool.free_rows(slot.req_pool_idx)
         self._free_slot_mamba(slot)
-        self.released_total[reason] += 1
+        self.released_total[reason.value] += 1
 
     def _free_slot_mamba(self, slot: SessionSlot) -> None:
         self.pool.free_mamba(slot.seq)
@@ -177,12 +184,6 @@ class StreamingSession:
             for s in self.sessions.values()
             if s.turn is None and now - s.last_active > s.idle_timeout_s
         ]
-
-    def release_idle(self, now: float | None = None) -> list[str]:
-        expired = self.idle_expired(now)
-        for session_id in expired:
-            self.release_session(session_id, "idle_timeout")
-        return expired
 
     def _idle(self, active: Collection[int]) -> list[SessionSlot]:
         return [s for s in self.sessions.values() if s.req_pool_idx not in active]

@@ -2,7 +2,7 @@
 
 It owns the session table (session_id -> replica, tenant, last_active) and the replica registry
 (handle, latest ``PoolSnapshot``, health). It places new sessions by real free capacity
-(``router.placement``), waits up to ``open_timeout_s`` for room, and detects dead replicas
+(``router.control.placement``), waits up to ``open_timeout_s`` for room, and detects dead replicas
 (failed calls, stale snapshots, failed pings). A session's state lives only on its replica: the
 router never routes a session elsewhere; a session whose replica died is answered ABORTED.
 After its own restart the router rebuilds its table from the replicas, which re-register with
@@ -16,34 +16,34 @@ import dataclasses
 import logging
 import secrets
 import time
-from collections import OrderedDict
 from typing import Any
 
-from replica.outputs import ActorError, ReplicaDescription
-from replica.pools.accounting import PoolSnapshot
-from router.placement import choose_replica, room_report
-from router.table import ReplicaEntry, Route, SessionEntry
-from router.views import ReplicaHealth, ReplicaView
+from replica.api import (
+    ActorError,
+    PoolSnapshot,
+    ReleaseReason,
+    ReplicaDescription,
+    StatusCode,
+    replica_lost_message,
+)
+from router.config import RouterConfig
+from router.control.placement import choose_replica, room_report
+from router.control.table import ReplicaEntry, Route, SessionState, SessionTable
+from router.control.views import ReplicaHealth, ReplicaView
 
 log = logging.getLogger(__name__)
 
 ROUTER_NAME = "session-router"
-MAX_TOMBSTONES = 100_000
 
 
 class SessionRouter:
-    def __init__(
-        self,
-        open_timeout_s: float = 10.0,
-        stale_after_s: float = 5.0,
-        health_interval_s: float = 1.0,
-    ) -> None:
-        self.open_timeout_s = open_timeout_s
-        self.stale_after_s = stale_after_s
-        self.health_interval_s = health_interval_s
+    def __init__(self, config: RouterConfig | None = None) -> None:
+        config = config or RouterConfig()
+        self.open_timeout_s = config.open_timeout_s
+        self.stale_after_s = config.stale_after_s
+        self.health_interval_s = config.health_interval_s
         self.replicas: dict[str, ReplicaEntry] = {}
-        self.sessions: dict[str, SessionEntry] = {}
-        self.aborted: OrderedDict[str, str] = OrderedDict()  # session -> dead replica
+        self.sessions = SessionTable()
         self._room = asyncio.Condition()
         self._opening: dict[str, asyncio.Future] = {}  # opens in flight, by session id
         self._health_task: asyncio.Task | None = None
@@ -63,16 +63,12 @@ class SessionRouter:
         replica_id: str,
         handle: Any,
         desc: ReplicaDescription,
-        session_tenants: dict[str, str] | list[str] = (),
+        tenants: dict[str, str] | None = None,
         snapshot: PoolSnapshot | None = None,
     ) -> None:
-        """Add or refresh a replica, adopting the sessions it says it holds."""
+        """Add or refresh a replica, adopting the sessions it says it holds (id -> tenant)."""
         self._start()
-        tenants = (
-            session_tenants
-            if isinstance(session_tenants, dict)
-            else dict.fromkeys(session_tenants, "")
-        )
+        tenants = dict(tenants or {})
         entry = self.replicas.get(replica_id)
         fenced = (
             entry is not None
@@ -87,17 +83,15 @@ class SessionRouter:
                 replica_id,
                 len(tenants),
             )
-            await handle.close_sessions.remote(list(tenants), "replica_lost")
+            await handle.close_sessions.remote(list(tenants), ReleaseReason.REPLICA_LOST)
             tenants = {}
         if entry is None or entry.desc.incarnation != desc.incarnation:
             entry = self.replicas[replica_id] = ReplicaEntry(handle, desc)
         entry.handle, entry.health = handle, ReplicaHealth.HEALTHY
         if snapshot is not None:
             entry.snapshot, entry.reported_at, entry.reserved = snapshot, time.monotonic(), 0
-        now = time.monotonic()
         for sid, tenant in tenants.items():
-            self.sessions[sid] = SessionEntry(replica_id, tenant, now)
-            entry.pinned.add(sid)
+            self.sessions.pin(sid, replica_id, tenant)
         log.info("replica %s registered with %d sessions", replica_id, len(tenants))
         await self._notify_room()
 
@@ -110,30 +104,20 @@ class SessionRouter:
         entry.snapshot, entry.reported_at, entry.reserved = snapshot, time.monotonic(), 0
         if entry.health == ReplicaHealth.DEAD:
             return False
-        self._forget(released)
+        for sid in released:
+            self.sessions.forget(sid)
         await self._notify_room()
         return True
-
-    def _forget(self, session_ids: list[str]) -> None:
-        for sid in session_ids:
-            session = self.sessions.pop(sid, None)
-            if session is not None and session.replica_id in self.replicas:
-                self.replicas[session.replica_id].pinned.discard(sid)
 
     async def replica_failed(self, replica_id: str, why: str) -> None:
         """Mark a replica dead: its sessions are answered ABORTED from now on."""
         entry = self.replicas.get(replica_id)
         if entry is None or entry.health == ReplicaHealth.DEAD:
             return
-        log.error("replica %s is dead (%s); %d sessions lost", replica_id, why, len(entry.pinned))
         entry.health = ReplicaHealth.DEAD
-        entry.lost += len(entry.pinned)
-        for sid in entry.pinned:
-            self.sessions.pop(sid, None)
-            self.aborted[sid] = replica_id
-        entry.pinned.clear()
-        while len(self.aborted) > MAX_TOMBSTONES:
-            self.aborted.popitem(last=False)
+        lost = self.sessions.abort_replica(replica_id)
+        entry.lost += lost
+        log.error("replica %s is dead (%s); %d sessions lost", replica_id, why, lost)
 
     async def _health_loop(self) -> None:
         while True:
@@ -156,14 +140,17 @@ class SessionRouter:
     async def drain(self, replica_id: str, draining: bool = True) -> ReplicaView | ActorError:
         entry = self.replicas.get(replica_id)
         if entry is None:
-            return ActorError("NOT_FOUND", f"no replica {replica_id!r}; see ListReplicas")
+            return ActorError(StatusCode.NOT_FOUND, f"no replica {replica_id!r}; see ListReplicas")
         if entry.health != ReplicaHealth.DEAD:
             await entry.handle.drain.remote(draining)
             entry.health = ReplicaHealth.DRAINING if draining else ReplicaHealth.HEALTHY
-        return entry.view(replica_id)
+        return self._view(replica_id)
+
+    def _view(self, replica_id: str) -> ReplicaView:
+        return self.replicas[replica_id].view(replica_id, self.sessions.pinned_to(replica_id))
 
     async def views(self) -> list[ReplicaView]:
-        return [entry.view(rid) for rid, entry in sorted(self.replicas.items())]
+        return [self._view(rid) for rid in sorted(self.replicas)]
 
     # ----- sessions -----------------------------------------------------------------------
 
@@ -205,7 +192,7 @@ class SessionRouter:
         deadline = time.monotonic() + self.open_timeout_s
         refused: dict[str, int] = {}
         while True:
-            views = [e.view(rid) for rid, e in self.replicas.items()]
+            views = [self._view(rid) for rid in self.replicas]
             reserved = {rid: e.reserved + refused.get(rid, 0) for rid, e in self.replicas.items()}
             replica_id = choose_replica(views, reserved)
             if replica_id is not None:
@@ -214,13 +201,15 @@ class SessionRouter:
                 )
                 if not isinstance(route, ActorError):
                     return route
-                if route.code != "RESOURCE_EXHAUSTED":
+                if route.code != StatusCode.RESOURCE_EXHAUSTED:
                     return route
                 refused[replica_id] = 10**6  # full after all: skip it until its next snapshot
                 continue
             left = deadline - time.monotonic()
             if left <= 0:
-                return ActorError("RESOURCE_EXHAUSTED", room_report(views, reserved).message())
+                return ActorError(
+                    StatusCode.RESOURCE_EXHAUSTED, room_report(views, reserved).message()
+                )
             try:
                 async with self._room:
                     await asyncio.wait_for(self._room.wait(), timeout=left)
@@ -239,36 +228,33 @@ class SessionRouter:
             )
         except Exception as exc:  # noqa: BLE001 - the replica died under us
             await self.replica_failed(replica_id, f"open_session failed: {exc}")
-            return ActorError("RESOURCE_EXHAUSTED", f"replica {replica_id} failed; retry")
+            return ActorError(StatusCode.RESOURCE_EXHAUSTED, f"replica {replica_id} failed; retry")
         if isinstance(info, ActorError):
             entry.reserved -= 1
             return info
-        self.sessions[session_id] = SessionEntry(replica_id, tenant, time.monotonic())
-        entry.pinned.add(session_id)
+        self.sessions.pin(session_id, replica_id, tenant)
         return Route(session_id, replica_id, entry.handle, info, tenant)
 
     async def route(self, session_id: str, tenant: str = "") -> Route | ActorError:
         session = self.sessions.get(session_id)
         if session is None:
-            if session_id in self.aborted:
-                return ActorError(
-                    "ABORTED",
-                    f"the replica of session {session_id} died and its "
-                    "state is gone; open a new session",
-                )
-            return ActorError("NOT_FOUND", f"session {session_id} is not open; open a new one")
+            return ActorError(
+                StatusCode.NOT_FOUND, f"session {session_id} is not open; open a new one"
+            )
+        if session.state == SessionState.ABORTED:
+            return ActorError(StatusCode.ABORTED, replica_lost_message(session_id))
         if session.tenant and session.tenant != tenant:
             return ActorError(
-                "PERMISSION_DENIED", f"session {session_id} belongs to another tenant"
+                StatusCode.PERMISSION_DENIED, f"session {session_id} belongs to another tenant"
             )
-        session.last_active = time.monotonic()
         entry = self.replicas[session.replica_id]
         return Route(session_id, session.replica_id, entry.handle, tenant=session.tenant)
 
     async def forget(self, session_ids: list[str]) -> None:
         """Gateways release sessions on their replica directly (close, stream end), then report
         them here so the table and the room for new sessions follow at once."""
-        self._forget(session_ids)
+        for sid in session_ids:
+            self.sessions.forget(sid)
         await self._notify_room()
 
     async def session_count(self) -> int:

@@ -3,7 +3,7 @@ Prometheus server on loopback scraping it (with the repo's scrape job and alert 
 client of Prometheus's HTTP API, and the queries of the Grafana dashboard with its variables
 substituted the way Grafana does.
 
-Nothing here is mocked: the serve process is the console script's code (``python -m router.cli
+Nothing here is mocked: the serve process is the console script's code (``python -m router.ops.cli
 serve``), Prometheus is Debian's ``/usr/bin/prometheus`` (installed by .ci/install-system.sh).
 """
 
@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS_DIR = REPO / "deploy" / "prometheus"
 DASHBOARD = REPO / "deploy" / "grafana" / "session-router.json"
 JOB = "session-router"
@@ -83,7 +83,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 @dataclass
 class ServeProcess:
-    """``python -m router.cli serve ...`` from the repo root; output goes to ``log``."""
+    """``python -m router.ops.cli serve ...`` from the repo root; output goes to ``log``."""
 
     proc: subprocess.Popen
     log: Path
@@ -99,7 +99,7 @@ class ServeProcess:
         cmd = [
             sys.executable,
             "-m",
-            "router.cli",
+            "router.ops.cli",
             "serve",
             *args,
             "--grpc-port",

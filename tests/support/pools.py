@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from replica.accounting import InvariantChecker, count_pools
+from replica.api import PoolSnapshot
 from replica.config import PoolConfig
-from replica.engine.request import Req
 from replica.model.config import ModelConfig
-from replica.pools.accounting import InvariantChecker, PoolSnapshot, count_pools
 from replica.pools.hybrid_pool import HybridReqToTokenPool
+from replica.sessions.request import Req
 from replica.sessions.session import StreamingSession
 
 TINY_MODEL = ModelConfig()
@@ -72,6 +73,6 @@ def grow(pool: HybridReqToTokenPool, req: Req, new_tokens: int) -> None:
     """Fold ``new_tokens`` more tokens into a running request (KV reserved as it grows)."""
     target = req.folded_len + new_tokens
     if target > req.kv_len:
-        pool.kv_pool.extend(pool.req_to_token, req.req_pool_idx, req.kv_len, target)
+        pool.kv_pool.extend(pool.req_to_token, req.seq.req_pool_idx, req.kv_len, target)
         req.kv_len = target
     req.folded_len = target

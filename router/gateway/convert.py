@@ -5,10 +5,15 @@ from __future__ import annotations
 import grpc
 
 from protos import session_router_pb2 as pb
-from replica.engine.request import SamplingParams
-from replica.errors import InvalidRequestError
-from replica.outputs import ActorError, SessionInfo, TurnEvent
-from router.views import ReplicaView
+from replica.api import (
+    ActorError,
+    InvalidRequestError,
+    SamplingParams,
+    SessionInfo,
+    StatusCode,
+    TurnEvent,
+)
+from router.control.views import ReplicaView
 
 MAX_STOP_TOKENS = 64
 
@@ -16,9 +21,9 @@ MAX_STOP_TOKENS = 64
 class Refused(Exception):
     """Ends an RPC with ``code`` and ``message``."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: StatusCode, message: str) -> None:
         super().__init__(message)
-        self.code = code
+        self.code = StatusCode(code)
 
 
 def check(result):
@@ -28,8 +33,8 @@ def check(result):
     return result
 
 
-def status_code(name: str) -> grpc.StatusCode:
-    return getattr(grpc.StatusCode, name, grpc.StatusCode.INTERNAL)
+def status_code(code: StatusCode) -> grpc.StatusCode:
+    return grpc.StatusCode[StatusCode(code).value]
 
 
 def sampling_from_proto(msg: pb.SamplingParams) -> SamplingParams:

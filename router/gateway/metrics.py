@@ -19,11 +19,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from replica.pools.accounting import POOL_NAMES
-from router.views import ReplicaHealth, ReplicaView
+from replica.api import POOL_NAMES, POOL_STATES, ReleaseReason, StatusCode
+from router.control.views import ReplicaHealth, ReplicaView
 
-POOL_STATES = ("free", "in_use", "session_held", "cached")
-RELEASE_REASONS = ("closed", "stream_ended", "idle_timeout", "aborted", "replica_lost")
+RELEASE_REASONS = tuple(reason.value for reason in ReleaseReason)
 RPC_BUCKETS = (
     0.0005,
     0.001,
@@ -182,9 +181,9 @@ class GatewayMetrics:
             registry=registry,
         )
 
-    def observe_rpc(self, method: str, code: str, seconds: float) -> None:
-        """Count one finished call (``code`` is the grpc.StatusCode name, e.g. "OK")."""
-        self.rpc_requests.labels(method=method, code=code).inc()
+    def observe_rpc(self, method: str, code: StatusCode, seconds: float) -> None:
+        """Count one finished call (label ``code``: the status name, e.g. "OK")."""
+        self.rpc_requests.labels(method=method, code=StatusCode(code).value).inc()
         self.rpc_duration.labels(method=method).observe(max(0.0, seconds))
 
     def observe_first_token(self, seconds: float) -> None:

@@ -1,15 +1,14 @@
-"""The gRPC gateway: ``SessionService`` and ``AdminService`` over grpc.aio, plus health and
-reflection. Status codes and messages follow DESIGN.md; every refusal says what to do.
+"""The gRPC services of a gateway: ``SessionService`` and ``AdminService`` over grpc.aio, plus
+health and reflection. Status codes and messages follow DESIGN.md; every refusal says what to do.
 
 A Generate turn is one actor call to submit; its chunks arrive through the replica's output
-stream (``router.cluster``). If the client cancels or its deadline passes before the last
+stream (``router.gateway.delivery``). If the client cancels or its deadline passes before the last
 chunk, the turn is cancelled on the replica, which rolls the session back to its checkpoint.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -19,95 +18,16 @@ from grpc_reflection.v1alpha import reflection
 
 from protos import session_router_pb2 as pb
 from protos import session_router_pb2_grpc as pb_grpc
-from replica.errors import InvalidRequestError
-from replica.outputs import ActorError, TurnEvent
-from router.auth import ApiKeys, Unauthenticated
-from router.cluster import Cluster
-from router.converse import Conversation
-from router.convert import (
-    Refused,
-    check,
-    chunk_from_event,
-    replica_to_proto,
-    sampling_from_proto,
-    session_to_proto,
-    status_code,
-    turn_input,
-)
-from router.generate import GenerateCall
-from router.metrics import GatewayMetrics
-from router.table import Route
-
-log = logging.getLogger(__name__)
-
-MAX_TEXT_BYTES = 1 << 20
-
-
-class Gateway:
-    """Shared by both servicers: the cluster, the API keys and the metrics."""
-
-    def __init__(self, cluster: Cluster, keys: ApiKeys, metrics: GatewayMetrics) -> None:
-        self.cluster = cluster
-        self.keys = keys
-        self.metrics = metrics
-
-    def tenant(self, context: grpc.aio.ServicerContext) -> str:
-        try:
-            return self.keys.tenant_of(context.invocation_metadata())
-        except Unauthenticated as exc:
-            raise Refused("UNAUTHENTICATED", str(exc)) from None
-
-    async def route(self, session_id: str, tenant: str) -> Route:
-        if not session_id:
-            raise Refused("INVALID_ARGUMENT", "session_id is required; get one from OpenSession")
-        return check(await self.cluster.route(session_id, tenant))
-
-    async def open(self, request: pb.OpenSessionRequest, tenant: str) -> Route:
-        timeout = request.idle_timeout_s
-        if timeout < 0 or timeout != timeout:
-            raise Refused("INVALID_ARGUMENT", "idle_timeout_s must be >= 0 (0: server default)")
-        route = await self.cluster.open(timeout, tenant)
-        if isinstance(route, ActorError):
-            self.metrics.open_rejected_for(
-                "no_room" if route.code == "RESOURCE_EXHAUSTED" else route.code.lower()
-            )
-        return check(route)
-
-    async def submit(self, route: Route, request: pb.GenerateRequest) -> int:
-        text, ids = turn_input(request)
-        if text is not None and len(text.encode("utf-8", "surrogatepass")) > MAX_TEXT_BYTES:
-            raise Refused("INVALID_ARGUMENT", f"text longer than {MAX_TEXT_BYTES} bytes")
-        try:
-            sampling = sampling_from_proto(request.sampling)
-        except InvalidRequestError as exc:
-            raise Refused("INVALID_ARGUMENT", str(exc)) from None
-        try:
-            result = await route.handle.submit_turn.remote(
-                self.cluster.gateway_id, route.session_id, text, ids, sampling
-            )
-        except Exception as exc:  # noqa: BLE001 - the replica died
-            await self.cluster._replica_lost(route.replica_id, f"submit failed: {exc}")
-            raise Refused(
-                "ABORTED",
-                f"the replica of session {route.session_id} died and its "
-                "state is gone; open a new session",
-            ) from None
-        if isinstance(result, ActorError) and result.code == "NOT_FOUND":
-            self.cluster.routes.pop(route.session_id, None)  # released on the replica (idle)
-        return check(result)
-
-    def chunk(self, event: TurnEvent, started: float, first: bool) -> pb.GenerateChunk:
-        if event.error_code is not None:
-            raise Refused(event.error_code, event.error or "turn failed")
-        if first and event.token_ids:
-            self.metrics.observe_first_token(time.perf_counter() - started)
-        self.metrics.add_generated_tokens(len(event.token_ids))
-        return chunk_from_event(event)
+from replica.api import StatusCode
+from router.gateway.converse import Conversation
+from router.gateway.convert import Refused, check, replica_to_proto, session_to_proto, status_code
+from router.gateway.gateway import Gateway
+from router.gateway.generate import GenerateCall
 
 
 async def run_rpc(gateway: Gateway, method: str, context, body):
     """Run a unary body, mapping ``Refused`` to its status and counting the call."""
-    started, code = time.perf_counter(), "OK"
+    started, code = time.perf_counter(), StatusCode.OK
     try:
         return await body()
     except Refused as exc:
@@ -140,8 +60,8 @@ class SessionService(pb_grpc.SessionServiceServicer):
         async def body():
             tenant = self.gw.tenant(context)
             if not request.session_id:
-                raise Refused("INVALID_ARGUMENT", "session_id is required")
-            was_open = check(await self.gw.cluster.close(request.session_id, tenant))
+                raise Refused(StatusCode.INVALID_ARGUMENT, "session_id is required")
+            was_open = await self.gw.close(request.session_id, tenant)
             return pb.CloseSessionResponse(was_open=was_open)
 
         return await run_rpc(self.gw, "CloseSession", context, body)
@@ -161,11 +81,15 @@ class SessionService(pb_grpc.SessionServiceServicer):
 
 
 async def run_stream(
-    gateway: Gateway, method: str, context, stream: AsyncIterator, on_end: Callable[[str], None]
+    gateway: Gateway,
+    method: str,
+    context,
+    stream: AsyncIterator,
+    on_end: Callable[[StatusCode], None],
 ) -> AsyncIterator:
     """Relay a streaming body, mapping ``Refused`` to its status; ``on_end(code)`` runs however
     the call ends (also when the client cancels), then the call is counted."""
-    started, code = time.perf_counter(), "OK"
+    started, code = time.perf_counter(), StatusCode.OK
     try:
         async for item in stream:
             yield item
@@ -173,7 +97,7 @@ async def run_stream(
         code = exc.code
         await context.abort(status_code(exc.code), str(exc))
     except asyncio.CancelledError:
-        code = "CANCELLED"
+        code = StatusCode.CANCELLED
         raise
     finally:
         on_end(code)
@@ -187,7 +111,7 @@ class AdminService(pb_grpc.AdminServiceServicer):
     async def ListReplicas(self, request, context):
         async def body():
             self.gw.tenant(context)
-            views = check(await self.gw.cluster.ask_router("views"))
+            views = check(await self.gw.router.call("views"))
             return pb.ListReplicasResponse(replicas=[replica_to_proto(v) for v in views])
 
         return await run_rpc(self.gw, "ListReplicas", context, body)
@@ -195,7 +119,7 @@ class AdminService(pb_grpc.AdminServiceServicer):
     async def DrainReplica(self, request, context):
         async def body():
             self.gw.tenant(context)
-            view = check(await self.gw.cluster.ask_router("drain", request.replica_id))
+            view = check(await self.gw.router.call("drain", request.replica_id))
             return pb.DrainReplicaResponse(replica=replica_to_proto(view))
 
         return await run_rpc(self.gw, "DrainReplica", context, body)

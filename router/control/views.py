@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from replica.pools.accounting import PoolSnapshot
+from replica.api import PoolSnapshot
 
 
 class ReplicaHealth(enum.IntEnum):

@@ -1,15 +1,18 @@
-"""Helpers of the end-to-end tests: a real ``Server`` (embedded local Ray, loopback gRPC, the
-tiny-bamba model) run on its own event loop in a background thread, so tests are plain sync
-code that may block (``ray.get``, blocking gRPC) without stalling the gateway; and checks of
-the replicas' pools through their actors.
+"""Helpers of the end-to-end tests: a real ``Server`` (local Ray, loopback gRPC, the tiny-bamba
+model) run on its own event loop in a background thread, so tests are plain sync code that may
+block (``ray.get``, blocking gRPC) without stalling the gateway; and checks of the replicas' pools
+through their actors.
 
-Only one ``Server`` runs at a time in a process (the router and replica actors are named), so each
-test module starts its own and stops it at the module's end.
+Every test process shares one local Ray instance (the ``ray_cluster`` fixture of conftest.py);
+each ``ServerThread`` puts its named actors in a namespace of its own, so servers of different
+test modules never see each other's actors.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
 import threading
 import time
 from collections.abc import Iterable
@@ -17,8 +20,9 @@ from collections.abc import Iterable
 import grpc
 import ray
 
-from replica.pools.accounting import PoolSnapshot
-from router.server import ServeConfig, Server
+from replica.api import PoolSnapshot
+from router.config import ServeConfig
+from router.ops.serve import Server
 
 SMALL = dict(
     replicas=2,
@@ -31,13 +35,15 @@ SMALL = dict(
     host="127.0.0.1",
     strict=True,
 )
+_servers = itertools.count()
 
 
 class ServerThread:
     """A ``Server`` on a private event loop thread; ``call`` runs a coroutine there."""
 
     def __init__(self, **overrides) -> None:
-        self.config = ServeConfig(**{**SMALL, **overrides})
+        namespace = f"test-{os.getpid()}-{next(_servers)}"
+        self.config = ServeConfig.from_flags(**{**SMALL, "namespace": namespace, **overrides})
         self.server = Server(self.config)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(
@@ -61,8 +67,6 @@ class ServerThread:
             if self.thread.is_alive():
                 self.call(self.server.stop(), timeout=120)
         finally:
-            if ray.is_initialized():  # a failed start may leave Ray up
-                ray.shutdown()
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(10)
 
@@ -148,7 +152,7 @@ def rpc_error(fn, *args, **kwargs) -> grpc.RpcError:
     raise AssertionError(f"{getattr(fn, '__name__', fn)} did not fail")
 
 
-def run_turn(stream) -> tuple[list[int], int, int]:
+def drain_stream(stream) -> tuple[list[int], int, int]:
     """Drain a Generate stream: (token ids, finish reason, committed tokens of the last chunk)."""
     ids, reason, committed = [], 0, 0
     for chunk in stream:

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
 
 from protos import session_router_pb2 as pb
-from router.cluster import next_turn_event
-from router.convert import Refused
-from router.table import Route
-
-if TYPE_CHECKING:
-    from router.gateway import Gateway
+from replica.api import StatusCode
+from router.control.table import Route
+from router.gateway.convert import Refused
+from router.gateway.delivery import Inbox, next_turn_event
+from router.gateway.gateway import Gateway
 
 
 class GenerateCall:
@@ -23,19 +20,19 @@ class GenerateCall:
     def __init__(self, gateway: Gateway, request: pb.GenerateRequest, context) -> None:
         self.gw, self.request, self.context = gateway, request, context
         self.route: Route | None = None
-        self.inbox: asyncio.Queue | None = None
+        self.inbox: Inbox | None = None
         self.turn_id: int | None = None
         self.finished = False
 
     async def run(self) -> AsyncIterator[pb.GenerateChunk]:
-        cluster, started = self.gw.cluster, time.perf_counter()
+        started = time.perf_counter()
         route = self.route = await self.gw.route(
             self.request.session_id, self.gw.tenant(self.context)
         )
-        self.inbox = cluster.claim_inbox(route.session_id)
+        self.inbox = self.gw.delivery.claim(route)
         if self.inbox is None:
             raise Refused(
-                "FAILED_PRECONDITION",
+                StatusCode.FAILED_PRECONDITION,
                 f"session {route.session_id} already has a turn "
                 "running; wait for its last chunk or interrupt it",
             )
@@ -47,12 +44,12 @@ class GenerateCall:
             yield self.gw.chunk(event, started, first)
             first = False
 
-    def end(self, code: str) -> None:
+    def end(self, code: StatusCode) -> None:
         if self.inbox is None:
             return
-        self.gw.cluster.drop_inbox(self.route.session_id, self.inbox)
-        if self.turn_id is not None and not self.finished and code != "ABORTED":
-            self.gw.cluster.background(
+        self.gw.delivery.release(self.inbox)
+        if self.turn_id is not None and not self.finished and code != StatusCode.ABORTED:
+            self.gw.background.spawn(
                 self.route.handle.cancel.remote(
                     self.route.session_id, "the client cancelled the call", self.turn_id
                 )

@@ -7,12 +7,11 @@ from functools import lru_cache
 
 import torch
 
+from replica.api import FinishReason, SamplingParams, TurnEvent
 from replica.config import PoolConfig, ReplicaConfig
 from replica.engine.engine import Engine
-from replica.engine.request import FinishReason, SamplingParams
 from replica.model import BambaModel, Tokenizer, build_tiny_bamba, load_model
 from replica.model.config import ModelConfig
-from replica.outputs import TurnEvent
 
 MAX_STEPS = 100_000
 
@@ -36,7 +35,7 @@ def make_engine(
     """A strict engine over tiny-bamba (or ``model``) with the given pool sizes."""
     cfg, net, tok = model or tiny_bamba()
     pools = pools or PoolConfig(max_sessions=8, kv_tokens=4096, max_context=1024)
-    config = ReplicaConfig(model=cfg, pools=pools, strict=True, **replica_kwargs)
+    config = ReplicaConfig(pools=pools, strict=True, **replica_kwargs)
     return Engine(config, net, tok)
 
 
@@ -85,7 +84,7 @@ def run_turn(
     raise AssertionError(f"turn {req.rid} did not finish in {max_steps} steps")
 
 
-def assert_all_free(engine: Engine) -> None:
+def assert_engine_at_capacity(engine: Engine) -> None:
     """Strict invariant (leaked == 0, allocator integrity) and every pool at capacity."""
     snap = engine.check_invariant()
     assert snap.leaked == 0
@@ -98,7 +97,7 @@ def close_and_check(engine: Engine) -> None:
     engine.close_all()
     drain(engine)
     assert len(engine.sessions) == 0
-    assert_all_free(engine)
+    assert_engine_at_capacity(engine)
 
 
 def session_state(engine: Engine, session_id: str) -> dict[str, object]:

@@ -1,9 +1,9 @@
 """`session-router top`: a live per-replica table of the pools, read from the /metrics endpoint.
 
-``parse_table`` reads the exposition of ``router.metrics`` (series summed by ``replica``, as the
-dashboards do, so an extra label never splits a row), ``render`` draws an aligned table in which a
-non-zero ``leaked`` count is marked ``<< LEAK``, and ``run_top`` refreshes it every ``interval``
-seconds, reporting and retrying when the endpoint cannot be reached.
+``parse_table`` reads the exposition of ``router.gateway.metrics`` (series summed by ``replica``,
+as the dashboards do, so an extra label never splits a row), ``router.ops.pool_table.render``
+draws it, marking a non-zero ``leaked`` count ``<< LEAK``, and ``run_top`` refreshes it every
+``interval`` seconds, reporting and retrying when the endpoint cannot be reached.
 """
 
 from __future__ import annotations
@@ -14,56 +14,15 @@ import time
 import urllib.error
 import urllib.request
 from collections import defaultdict
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import TextIO
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from router.ops.pool_table import PoolRow, ReplicaRow, pool_order, render
+
 DEFAULT_METRICS_URL = "http://127.0.0.1:9400/metrics"
-POOL_ORDER = ("mamba", "kv_tokens", "req")
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
-COLUMNS = (
-    "REPLICA",
-    "STATE",
-    "SESSIONS",
-    "PINNED",
-    "AGE",
-    "POOL",
-    "HELD",
-    "FREE",
-    "IN_USE",
-    "CACHED",
-    "CAPACITY",
-    "LEAKED",
-)
-
-
-@dataclass(frozen=True, slots=True)
-class PoolRow:
-    pool: str
-    session_held: int
-    free: int
-    in_use: int
-    cached: int
-    capacity: int
-    leaked: int
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaRow:
-    """One replica as /metrics shows it; None where the endpoint exported no value."""
-
-    replica: str
-    state: str  # "up", "draining" or "dead"
-    sessions: int | None
-    pinned: int | None
-    snapshot_age_s: float | None
-    pools: tuple[PoolRow, ...]
-
-    @property
-    def leaked(self) -> int:
-        return sum(abs(pool.leaked) for pool in self.pools)
 
 
 def fetch_metrics(url: str, timeout: float = 5.0) -> str:
@@ -100,7 +59,7 @@ def parse_table(exposition_text: str) -> list[ReplicaRow]:
     rows = []
     for replica in sorted(replicas):
         names = {pool for (name, r, pool, _) in sums if r == replica and name == "pool_slots"}
-        order = sorted(names, key=lambda p: (POOL_ORDER.index(p) if p in POOL_ORDER else 99, p))
+        order = pool_order(names)
         pools = tuple(
             PoolRow(
                 pool,
@@ -130,51 +89,6 @@ def parse_table(exposition_text: str) -> list[ReplicaRow]:
             )
         )
     return rows
-
-
-def render(rows: Sequence[ReplicaRow]) -> str:
-    """An aligned table, one line per (replica, pool); leaked slots are marked ``<< LEAK``."""
-
-    def show(value: int | None) -> str:
-        return "-" if value is None else str(value)
-
-    lines: list[list[str]] = [list(COLUMNS)]
-    marks: list[str] = [""]
-    for row in rows:
-        age = "-" if row.snapshot_age_s is None else f"{row.snapshot_age_s:.1f}s"
-        head = [row.replica, row.state, show(row.sessions), show(row.pinned), age]
-        for index, pool in enumerate(row.pools or (None,)):
-            cells = head if index == 0 else [""] * len(head)
-            if pool is None:
-                lines.append(cells + ["-"] * 7)
-                marks.append("")
-                continue
-            lines.append(
-                cells
-                + [
-                    pool.pool,
-                    str(pool.session_held),
-                    str(pool.free),
-                    str(pool.in_use),
-                    str(pool.cached),
-                    str(pool.capacity),
-                    str(pool.leaked),
-                ]
-            )
-            marks.append("  << LEAK" if pool.leaked else "")
-    widths = [max(len(line[i]) for line in lines) for i in range(len(COLUMNS))]
-    text = []
-    for line, mark in zip(lines, marks):
-        left = [cell.ljust(width) for cell, width in zip(line[:6], widths[:6])]
-        right = [cell.rjust(width) for cell, width in zip(line[6:], widths[6:])]
-        text.append(("  ".join(left + right) + mark).rstrip())
-    leaked = sum(row.leaked for row in rows)
-    dead = sum(row.state == "dead" for row in rows)
-    text.append(
-        f"{len(rows)} replicas, {dead} dead, "
-        + (f"LEAKED SLOTS: {leaked}" if leaked else "no leaked slots")
-    )
-    return "\n".join(text)
 
 
 def run_top(
@@ -226,19 +140,3 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
     parser.add_argument("--once", action="store_true", help="print the table once and exit")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `session-router top`; returns the process exit code."""
-    parser = argparse.ArgumentParser(
-        prog="session-router top", description="Live per-replica pool table from /metrics."
-    )
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    if args.interval <= 0:
-        parser.error("--interval must be positive")
-    return run_top(args.metrics_url, args.interval, 1 if args.once else None)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,6 +7,9 @@ way without starting another. When the client half-closes, the turn in flight ru
 then the session is released and the stream ends; when the client cancels or disconnects, the
 session is released at once (reason ``stream_ended``). A refused input ends the stream with its
 status code, and the session is released too.
+
+The stream's inbox carries, in order, the engine's ``TurnEvent``s and the client's messages as
+typed items: ``ClientInput``, ``ClientInterrupt``, ``ClientHalfClosed`` and ``ClientFailed``.
 """
 
 from __future__ import annotations
@@ -14,17 +17,34 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from protos import session_router_pb2 as pb
-from replica.outputs import TurnEvent
-from router.convert import Refused, session_to_proto
-from router.table import Route
+from replica.api import ReleaseReason, StatusCode, TurnEvent
+from router.control.table import Route
+from router.gateway.convert import Refused, session_to_proto
+from router.gateway.delivery import Inbox
+from router.gateway.gateway import Gateway
 
-if TYPE_CHECKING:
-    from router.gateway import Gateway
 
-_EOF = object()
+@dataclass(frozen=True, slots=True)
+class ClientInput:
+    request: pb.GenerateRequest
+
+
+@dataclass(frozen=True, slots=True)
+class ClientInterrupt:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ClientHalfClosed:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ClientFailed:
+    error: Exception
 
 
 class Conversation:
@@ -33,16 +53,16 @@ class Conversation:
         self.requests = requests
         self.context = context
         self.route: Route | None = None
-        self.inbox: asyncio.Queue | None = None
+        self.inbox: Inbox | None = None
         self.reader: asyncio.Task | None = None
 
     async def run(self) -> AsyncIterator[pb.ConverseResponse]:
         tenant = self.gw.tenant(self.context)
         first = await anext(aiter(self.requests), None)
         if first is None or first.WhichOneof("kind") != "open":
-            raise Refused("INVALID_ARGUMENT", "the first Converse request must be `open`")
+            raise Refused(StatusCode.INVALID_ARGUMENT, "the first Converse request must be `open`")
         self.route = await self.gw.open(first.open, tenant)
-        inbox = self.inbox = self.gw.cluster.claim_inbox(self.route.session_id)
+        inbox = self.inbox = self.gw.delivery.claim(self.route)
         yield pb.ConverseResponse(
             opened=session_to_proto(self.route.session_id, self.route.replica_id, self.route.info)
         )
@@ -51,25 +71,26 @@ class Conversation:
         half_closed = False
         started = first_token = 0.0
         while not (half_closed and not live):
-            item = await inbox.get()
-            if item is _EOF:
-                half_closed = True
-            elif isinstance(item, BaseException):
-                raise item
-            elif isinstance(item, tuple):  # ("input", request) or ("interrupt", None)
-                kind, request = item
-                if live:
-                    await self.route.handle.interrupt.remote(self.route.session_id)
-                if kind == "input":
+            match await inbox.get():
+                case ClientHalfClosed():
+                    half_closed = True
+                case ClientFailed(error=error):
+                    raise error
+                case ClientInterrupt():
+                    if live:
+                        await self.route.handle.interrupt.remote(self.route.session_id)
+                case ClientInput(request=request):
+                    if live:
+                        await self.route.handle.interrupt.remote(self.route.session_id)
                     live.add(await self.gw.submit(self.route, request))
                     started, first_token = time.perf_counter(), True
-            elif isinstance(item, TurnEvent) and (item.turn_id in live or item.turn_id == -1):
-                if item.finished:
-                    live.discard(item.turn_id)
-                yield pb.ConverseResponse(chunk=self.gw.chunk(item, started, first_token))
-                first_token = first_token and not item.token_ids
+                case TurnEvent() as event if event.turn_id in live or event.turn_id == -1:
+                    if event.finished:
+                        live.discard(event.turn_id)
+                    yield pb.ConverseResponse(chunk=self.gw.chunk(event, started, first_token))
+                    first_token = first_token and not event.token_ids
 
-    async def _read(self, inbox: asyncio.Queue) -> None:
+    async def _read(self, inbox: Inbox) -> None:
         """Forward the client's requests into the inbox, in order, with the engine's events."""
         try:
             async for request in self.requests:
@@ -78,19 +99,21 @@ class Conversation:
                     sid = request.input.session_id
                     if sid and sid != self.route.session_id:
                         raise Refused(
-                            "INVALID_ARGUMENT",
+                            StatusCode.INVALID_ARGUMENT,
                             "input.session_id is not this stream's session; leave it empty",
                         )
-                    inbox.put_nowait(("input", request.input))
+                    inbox.put(ClientInput(request.input))
                 elif kind == "interrupt":
-                    inbox.put_nowait(("interrupt", None))
+                    inbox.put(ClientInterrupt())
                 else:
-                    raise Refused("INVALID_ARGUMENT", "only the first request may be `open`")
-            inbox.put_nowait(_EOF)
+                    raise Refused(
+                        StatusCode.INVALID_ARGUMENT, "only the first request may be `open`"
+                    )
+            inbox.put(ClientHalfClosed())
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - handed to the stream, which ends with it
-            inbox.put_nowait(exc)
+            inbox.put(ClientFailed(exc))
 
     def end(self) -> None:
         """Release the session whatever way the stream ended (cleanup survives cancellation)."""
@@ -98,6 +121,6 @@ class Conversation:
             self.reader.cancel()
         if self.route is not None:
             if self.inbox is not None:
-                self.gw.cluster.drop_inbox(self.route.session_id, self.inbox)
-            self.gw.cluster.background(self.gw.cluster.release(self.route, "stream_ended"))
+                self.gw.delivery.release(self.inbox)
+            self.gw.background.spawn(self.gw.release(self.route, ReleaseReason.STREAM_ENDED))
             self.route = None

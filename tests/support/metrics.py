@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from replica.pools.accounting import PoolSnapshot, PoolStats
-from router.views import ReplicaHealth, ReplicaView
+from replica.api import PoolSnapshot, PoolStats
+from router.control.views import ReplicaHealth, ReplicaView
 
 
 def cluster_views() -> list[ReplicaView]:

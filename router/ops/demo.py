@@ -18,7 +18,11 @@ import grpc
 
 from protos import session_router_pb2 as pb
 from router.client import AsyncSessionClient, generate_request
-from router.server import ServeConfig, Server
+from router.config import ServeConfig
+from router.flags import add_arguments as add_serve_arguments
+from router.flags import from_arguments
+from router.ops.pool_table import render, rows_from_replicas
+from router.ops.serve import Server
 
 PROMPTS = [
     "Hello!",
@@ -32,35 +36,36 @@ PROMPTS = [
 ]
 
 
+DEMO_DEFAULTS = ServeConfig.from_flags(
+    replicas=2,
+    max_sessions=12,
+    mamba_track_buffers=2,
+    kv_tokens=8192,
+    max_context=512,
+    page_size=16,
+    session_idle_timeout_s=60.0,
+    open_timeout_s=60.0,
+    strict=True,
+    grpc_port=0,
+    metrics_port=0,
+    host="127.0.0.1",
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sessions", type=int, default=300, help="sessions to run")
     parser.add_argument("--concurrency", type=int, default=16, help="concurrent clients")
-    parser.add_argument("--replicas", type=int, default=2)
-    parser.add_argument("--max-sessions", type=int, default=12, help="sessions per replica")
-    parser.add_argument("--mamba-track-buffers", type=int, default=2, choices=(0, 1, 2))
     parser.add_argument("--seed", type=int, default=0)
+    add_serve_arguments(parser, ServeConfig, DEMO_DEFAULTS)
 
 
 def pool_table(replicas: list[pb.ReplicaInfo]) -> str:
-    lines = [
-        f"{'replica':<11}{'pool':<10}{'capacity':>9}{'free':>7}{'in_use':>8}"
-        f"{'held':>7}{'leaked':>8}   sessions"
-    ]
-    for info in replicas:
-        for i, p in enumerate(info.pools):
-            sessions = (
-                (
-                    f"{info.sessions} held (snapshot {info.snapshot_age_s:.1f} s old) / "
-                    f"{info.sessions_pinned} pinned now"
-                )
-                if i == 0
-                else ""
-            )
-            lines.append(
-                f"{info.replica_id if i == 0 else '':<11}{p.pool:<10}{p.capacity:>9}"
-                f"{p.free:>7}{p.in_use:>8}{p.session_held:>7}{p.leaked:>8}   {sessions}"
-            )
-    return "\n".join(lines)
+    return render(rows_from_replicas(replicas))
+
+
+def held(replicas: list[pb.ReplicaInfo]) -> int:
+    """Mamba slots held by sessions or running turns, over every replica."""
+    return sum(p.session_held + p.in_use for r in replicas for p in r.pools if p.pool == "mamba")
 
 
 class Stats:
@@ -182,22 +187,11 @@ async def wait_back_at_capacity(client: AsyncSessionClient, timeout: float) -> l
 
 
 async def run_demo(args: argparse.Namespace) -> int:
-    config = ServeConfig(
-        replicas=args.replicas,
-        grpc_port=0,
-        metrics_port=0,
-        max_sessions=args.max_sessions,
-        kv_tokens=8192,
-        max_context=512,
-        page_size=16,
-        mamba_track_buffers=args.mamba_track_buffers,
-        session_idle_timeout_s=60,
-        open_timeout_s=60,
-        strict=True,
-    )
+    config = from_arguments(ServeConfig, args, DEMO_DEFAULTS)
+    pools = config.replica.pools
     print(
-        f"demo: starting a local cluster of {args.replicas} replicas (tiny-bamba, "
-        f"{args.max_sessions} sessions each, {args.mamba_track_buffers} track buffers)...",
+        f"demo: starting a local cluster of {config.replicas} replicas ({config.replica.model}, "
+        f"{pools.max_sessions} sessions each, {pools.mamba_track_buffers} track buffers)...",
         flush=True,
     )
     server = Server(config)
@@ -214,23 +208,25 @@ async def run_demo(args: argparse.Namespace) -> int:
             asyncio.create_task(worker(client, jobs, stats, args.seed + i))
             for i in range(args.concurrency)
         ]
-        printed_during = False
-        while not all(w.done() for w in workers):
-            await asyncio.wait(workers, timeout=0.5)
-            if not printed_during and stats.done >= args.sessions // 2:
-                printed_during = True
-                print(
-                    f"during ({stats.done}/{args.sessions} sessions done):\n"
-                    + pool_table(await client.replicas())
-                    + "\n",
-                    flush=True,
-                )
+        busiest: list[pb.ReplicaInfo] = []
+        while not all(w.done() for w in workers):  # keep the busiest moment to show it
+            await asyncio.wait(workers, timeout=0.25)
+            now = await client.replicas()
+            if held(now) > held(busiest):
+                busiest, busiest_done = now, stats.done
+        if busiest:
+            print(
+                f"during (the busiest moment seen, {busiest_done}/{args.sessions} sessions done):\n"
+                + pool_table(busiest)
+                + "\n",
+                flush=True,
+            )
         await asyncio.gather(*workers)
         elapsed = time.perf_counter() - started
         after = await wait_back_at_capacity(client, 10)
         print("after:\n" + pool_table(after) + "\n")
-        ttft = sorted(stats.ttft)
-        p99 = ttft[min(len(ttft) - 1, int(0.99 * len(ttft)))] if ttft else 0.0
+        ttft = stats.ttft
+        p99 = statistics.quantiles(ttft, n=100)[98] if len(ttft) > 1 else 0.0
         print(
             f"sessions: {stats.done} in {elapsed:.1f} s = {stats.done / elapsed:.1f} sessions/s "
             f"({', '.join(f'{k} {v}' for k, v in sorted(stats.kinds.items()))})"

@@ -1,0 +1,238 @@
+"""Everything that crosses the Ray boundary between a replica and the router or a gateway.
+
+Plain, picklable values and nothing else: the pool snapshot, sampling parameters, turn events,
+session facts, the replica's description, refusals with their one status-code enum, release
+reasons and pool names. Importing this module imports no torch, so the router and the gateways
+stay light. A refusal travels as an ``ActorError`` value (returned, never raised across Ray);
+inside the replica it is the matching ``ReplicaError`` exception.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class StatusCode(str, enum.Enum):
+    """A gRPC status name; the gateway answers with ``grpc.StatusCode[code.value]``."""
+
+    OK = "OK"
+    CANCELLED = "CANCELLED"
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    NOT_FOUND = "NOT_FOUND"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
+    FAILED_PRECONDITION = "FAILED_PRECONDITION"
+    ABORTED = "ABORTED"
+    OUT_OF_RANGE = "OUT_OF_RANGE"
+    INTERNAL = "INTERNAL"
+    UNAVAILABLE = "UNAVAILABLE"
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+
+
+class ReleaseReason(str, enum.Enum):
+    """Why a session's slots were freed (the ``reason`` label of the released counter)."""
+
+    CLOSED = "closed"
+    STREAM_ENDED = "stream_ended"
+    IDLE_TIMEOUT = "idle_timeout"
+    ABORTED = "aborted"
+    REPLICA_LOST = "replica_lost"
+    MIGRATED = "migrated"
+
+
+class FinishReason(enum.IntEnum):
+    """Values match ``session_router.v1.FinishReason``."""
+
+    UNSPECIFIED = 0
+    STOP = 1
+    LENGTH = 2
+    INTERRUPTED = 3
+
+
+POOL_NAMES = ("mamba", "kv_tokens", "req")
+POOL_STATES = ("free", "in_use", "session_held", "cached")
+
+
+def replica_lost_message(session_id: str) -> str:
+    return f"the replica of session {session_id} died and its state is gone; open a new session"
+
+
+# ----- refusals --------------------------------------------------------------------------------
+
+
+class ReplicaError(Exception):
+    """A refusal raised inside a replica; ``code`` is the status the gateway answers with."""
+
+    code = StatusCode.INTERNAL
+
+    def to_actor_error(self) -> ActorError:
+        return ActorError(self.code, str(self))
+
+
+class PoolExhaustedError(ReplicaError):
+    """A pool has too few free slots for an allocation. Raised instead of asserting."""
+
+    code = StatusCode.RESOURCE_EXHAUSTED
+
+
+class SlotStateError(ReplicaError):
+    """Misuse of a pool: double free, freeing a slot never allocated, an index out of range."""
+
+
+class SessionNotFoundError(ReplicaError):
+    code = StatusCode.NOT_FOUND
+
+
+class TurnRunningError(ReplicaError):
+    code = StatusCode.FAILED_PRECONDITION
+
+
+class ContextOverflowError(ReplicaError):
+    code = StatusCode.OUT_OF_RANGE
+
+
+class InvalidRequestError(ReplicaError):
+    code = StatusCode.INVALID_ARGUMENT
+
+
+class ReplicaDrainingError(ReplicaError):
+    code = StatusCode.RESOURCE_EXHAUSTED
+
+
+@dataclass(frozen=True, slots=True)
+class ActorError:
+    """A refused call, returned (not raised) across Ray."""
+
+    code: StatusCode
+    message: str
+
+
+# ----- turns -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Validated on construction; out-of-range values raise ``InvalidRequestError``."""
+
+    max_new_tokens: int = 16
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0  # 0 or 1: off
+    seed: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 0:
+            raise InvalidRequestError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if not 0.0 <= self.temperature <= 100.0 or self.temperature != self.temperature:
+            raise InvalidRequestError(f"temperature must be in [0, 100], got {self.temperature}")
+        if not 0.0 <= self.top_p <= 1.0 or self.top_p != self.top_p:
+            raise InvalidRequestError(f"top_p must be in [0, 1], got {self.top_p}")
+        if not 0 <= self.seed < 2**64:
+            raise InvalidRequestError(f"seed must be in [0, 2**64), got {self.seed}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class TurnEvent:
+    """Tokens a turn produced in one engine step, and its end when ``finished``.
+
+    ``error_code``/``error`` are set when the turn failed; ``committed_tokens`` is where the
+    session stands after the turn (set when finished). ``turn_id`` -1 marks an event about the
+    session rather than one turn (its replica was lost). ``gateway_id`` is the gateway whose
+    stream the event goes to.
+    """
+
+    session_id: str
+    turn_id: int
+    token_ids: tuple[int, ...] = ()
+    text: str = ""
+    finish_reason: FinishReason | None = None
+    committed_tokens: int = 0
+    error_code: StatusCode | None = None
+    error: str | None = None
+    gateway_id: str = ""
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None or self.error_code is not None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    session_id: str
+    committed_tokens: int
+    max_context_tokens: int
+    turn_running: bool
+    idle_timeout_s: float
+
+
+# ----- replicas --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaDescription:
+    """What the router needs to know about a replica to place sessions on it."""
+
+    replica_id: str
+    node_id: str
+    incarnation: str
+    mamba_slots_per_session: int
+    kv_tokens_per_session: int
+    max_context: int
+    vocab_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStats:
+    """One pool's capacity by state; ``leaked`` must be 0."""
+
+    pool: str
+    capacity: int
+    free: int
+    in_use: int
+    session_held: int
+    cached: int = 0
+
+    @property
+    def leaked(self) -> int:
+        return self.capacity - (self.free + self.in_use + self.session_held + self.cached)
+
+    def describe(self) -> str:
+        return (
+            f"{self.pool}: capacity={self.capacity} free={self.free} in_use={self.in_use} "
+            f"session_held={self.session_held} cached={self.cached} leaked={self.leaked}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSnapshot:
+    """A consistent view of one replica's pools, taken between engine steps. Cheap to pickle."""
+
+    replica_id: str
+    incarnation: str
+    pools: tuple[PoolStats, ...]
+    open_sessions: int
+    running_requests: int
+    waiting_requests: int
+    taken_at: float  # time.time() on the replica
+    draining: bool = False
+    sessions_opened_total: int = 0
+    sessions_released_total: dict[str, int] = field(default_factory=dict)
+
+    def pool(self, name: str) -> PoolStats:
+        for stats in self.pools:
+            if stats.pool == name:
+                return stats
+        raise KeyError(f"no pool named {name!r} in snapshot of {self.replica_id}")
+
+    @property
+    def leaked(self) -> int:
+        return sum(abs(stats.leaked) for stats in self.pools)
+
+    @property
+    def consistent(self) -> bool:
+        return all(stats.leaked == 0 for stats in self.pools)

@@ -1,0 +1,67 @@
+"""The settings of ``session-router serve``: one tree, each setting declared once.
+
+``ServeConfig`` holds the cluster-level settings and contains ``ReplicaConfig`` (which contains
+the pool sizes), ``RouterConfig`` and ``GatewayConfig``. The command line is generated from these
+fields (``router.flags``); ``ServeConfig.from_flags(max_sessions=8, ...)`` builds one from flag
+names, which is how the demo, the benchmarks and the tests make theirs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from replica.config import ReplicaConfig, nested, setting
+
+NAMESPACE = "session-router"
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    open_timeout_s: float = setting(
+        10.0, "how long OpenSession waits for room before RESOURCE_EXHAUSTED"
+    )
+    stale_after_s: float = setting(
+        5.0, "a replica whose latest snapshot is older than this is probed, then declared dead"
+    )
+    health_interval_s: float = setting(1.0, cli=False)
+
+    def __post_init__(self) -> None:
+        if self.open_timeout_s < 0:
+            raise ValueError("--open-timeout-s must be >= 0")
+        if self.stale_after_s <= 0 or self.health_interval_s <= 0:
+            raise ValueError("--stale-after-s must be positive")
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    grpc_port: int = setting(50051, "gRPC port (0: any free port)")
+    metrics_port: int = setting(9400, "Prometheus /metrics port (0: any free port)")
+    host: str = setting("0.0.0.0", "interface to listen on")
+    api_keys: str | None = setting(None, "file of 'KEY TENANT' lines; default: no auth")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    address: str | None = setting(
+        None, "Ray address to join ('auto'); default: an embedded local Ray"
+    )
+    namespace: str = setting(NAMESPACE, "Ray namespace of the cluster's named actors")
+    replicas: int = setting(2, "replica actors to start")
+    replica_gpus: float = setting(0.0, "GPUs per replica (0: CPU replicas)")
+    replica: ReplicaConfig = nested(ReplicaConfig)
+    router: RouterConfig = nested(RouterConfig)
+    gateway: GatewayConfig = nested(GatewayConfig)
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError("--replicas must be at least 1")
+        if self.replica_gpus < 0:
+            raise ValueError("--replica-gpus must be >= 0")
+
+    @classmethod
+    def from_flags(cls, **flags: Any) -> ServeConfig:
+        """A config from flag names (``max_sessions=8``), defaults elsewhere."""
+        from router.flags import build
+
+        return build(cls, flags)

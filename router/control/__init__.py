@@ -1,0 +1,1 @@
+"""The control plane: the SessionRouter actor, its tables and the placement policy."""

@@ -1,0 +1,118 @@
+"""The router's tables: ``SessionTable`` (one ``SessionEntry`` per session) and ``ReplicaEntry``
+per replica, and the ``Route`` it hands to gateways. Owned by the ``SessionRouter`` actor;
+gateways see only ``Route`` and ``ReplicaView``.
+
+A session is either pinned to a replica (``SessionState.OPEN``) or remembered for a while as lost
+with its replica (``SessionState.ABORTED``, so late callers learn ABORTED rather than NOT_FOUND).
+The table keeps its per-replica index in step with the entries itself: callers only pin, forget
+and abort.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from cachetools import LRUCache
+
+from replica.api import PoolSnapshot, ReplicaDescription, SessionInfo
+from router.control.views import ReplicaHealth, ReplicaView
+
+MAX_TOMBSTONES = 100_000
+
+
+class SessionState(enum.Enum):
+    OPEN = "open"
+    ABORTED = "aborted"  # its replica died and its state is gone
+
+
+@dataclass(slots=True, eq=False)
+class SessionEntry:
+    session_id: str
+    replica_id: str
+    tenant: str
+    state: SessionState = SessionState.OPEN
+
+
+class SessionTable:
+    """Open sessions by id, the sessions pinned to each replica, and bounded tombstones of
+    sessions lost with their replica (least recently lost dropped first)."""
+
+    def __init__(self, max_tombstones: int = MAX_TOMBSTONES) -> None:
+        self._open: dict[str, SessionEntry] = {}
+        self._by_replica: dict[str, set[str]] = {}
+        self._aborted: LRUCache[str, SessionEntry] = LRUCache(max_tombstones)
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def __contains__(self, session_id: str) -> bool:
+        return session_id in self._open
+
+    def get(self, session_id: str) -> SessionEntry | None:
+        """The open session, or its tombstone (state ABORTED), or None."""
+        return self._open.get(session_id) or self._aborted.get(session_id)
+
+    def pin(self, session_id: str, replica_id: str, tenant: str) -> SessionEntry:
+        self.forget(session_id)
+        entry = self._open[session_id] = SessionEntry(session_id, replica_id, tenant)
+        self._by_replica.setdefault(replica_id, set()).add(session_id)
+        self._aborted.pop(session_id, None)
+        return entry
+
+    def forget(self, session_id: str) -> bool:
+        """Drop an open session (closed or released); returns whether it was open."""
+        entry = self._open.pop(session_id, None)
+        if entry is None:
+            return False
+        self._by_replica[entry.replica_id].discard(session_id)
+        return True
+
+    def pinned_to(self, replica_id: str) -> int:
+        return len(self._by_replica.get(replica_id, ()))
+
+    def abort_replica(self, replica_id: str) -> int:
+        """Every session of a dead replica becomes a tombstone; returns how many."""
+        lost = self._by_replica.pop(replica_id, set())
+        for session_id in lost:
+            entry = self._open.pop(session_id)
+            entry.state = SessionState.ABORTED
+            self._aborted[session_id] = entry
+        return len(lost)
+
+
+@dataclass(slots=True, eq=False)
+class ReplicaEntry:
+    handle: Any
+    desc: ReplicaDescription
+    health: ReplicaHealth = ReplicaHealth.HEALTHY
+    snapshot: PoolSnapshot | None = None
+    reported_at: float = field(default_factory=time.monotonic)
+    reserved: int = 0  # sessions placed since the latest snapshot
+    lost: int = 0  # sessions lost when the replica died
+
+    def view(self, replica_id: str, pinned: int) -> ReplicaView:
+        """What the router hands out about this replica (placement, metrics, ListReplicas)."""
+        age = time.monotonic() - self.reported_at if self.snapshot else 0.0
+        return ReplicaView(
+            replica_id,
+            self.desc.node_id,
+            self.health,
+            self.snapshot,
+            age,
+            pinned,
+            self.desc.mamba_slots_per_session,
+            self.desc.kv_tokens_per_session,
+            self.lost,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    session_id: str
+    replica_id: str
+    handle: Any
+    info: SessionInfo | None = None
+    tenant: str = ""  # the owner; a cached route is only used for this tenant

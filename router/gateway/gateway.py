@@ -1,0 +1,155 @@
+"""``Gateway``: what every RPC of one gateway process shares, and the steps they are made of.
+
+It builds what it owns: the router client, the route cache, token delivery, the cached view of
+the cluster and the background cleanups. A turn costs one actor call to submit (the route is
+cached); its events come back through ``Delivery``. Refusals are raised as ``Refused`` with the
+status code and a message that says what to do.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+import uuid
+from typing import Any
+
+import grpc
+
+from protos import session_router_pb2 as pb
+from replica.api import (
+    ActorError,
+    InvalidRequestError,
+    ReleaseReason,
+    StatusCode,
+    TurnEvent,
+    replica_lost_message,
+)
+from router.control.table import Route
+from router.gateway.auth import ApiKeys, Unauthenticated
+from router.gateway.background import Background
+from router.gateway.cluster_view import ClusterView
+from router.gateway.convert import Refused, check, chunk_from_event, sampling_from_proto, turn_input
+from router.gateway.delivery import Delivery
+from router.gateway.metrics import GatewayMetrics
+from router.gateway.route_cache import RouteCache
+from router.gateway.router_client import RouterClient
+
+log = logging.getLogger(__name__)
+
+MAX_TEXT_BYTES = 1 << 20
+
+
+class Gateway:
+    def __init__(self, router: Any, keys: ApiKeys, metrics: GatewayMetrics) -> None:
+        self.gateway_id = f"gw-{uuid.uuid4().hex[:12]}"
+        self.keys = keys
+        self.metrics = metrics
+        self.background = Background()
+        self.router = RouterClient(router)
+        self.routes = RouteCache(self.router)
+        self.delivery = Delivery(self.gateway_id, on_lost=self.replica_lost)
+        self.cluster = ClusterView(self.router, on_dead=self._forget_replica)
+
+    def start(self) -> None:
+        self.cluster.start()
+
+    async def stop(self) -> None:
+        self.cluster.stop()
+        self.delivery.stop()
+        await self.background.drain(timeout=5)
+
+    # ----- steps of the RPCs ----------------------------------------------------------------
+
+    def tenant(self, context: grpc.aio.ServicerContext) -> str:
+        try:
+            return self.keys.tenant_of(context.invocation_metadata())
+        except Unauthenticated as exc:
+            raise Refused(StatusCode.UNAUTHENTICATED, str(exc)) from None
+
+    async def route(self, session_id: str, tenant: str) -> Route:
+        if not session_id:
+            raise Refused(
+                StatusCode.INVALID_ARGUMENT, "session_id is required; get one from OpenSession"
+            )
+        return check(await self.routes.lookup(session_id, tenant))
+
+    async def open(self, request: pb.OpenSessionRequest, tenant: str) -> Route:
+        timeout = request.idle_timeout_s
+        if timeout < 0 or timeout != timeout:
+            raise Refused(
+                StatusCode.INVALID_ARGUMENT, "idle_timeout_s must be >= 0 (0: server default)"
+            )
+        # the session id is chosen here so that a retried open is idempotent at the router
+        route = await self.router.call(
+            "open_session", timeout, tenant, self.gateway_id, secrets.token_hex(16)
+        )
+        if isinstance(route, ActorError):
+            self.metrics.open_rejected_for(
+                "no_room" if route.code == StatusCode.RESOURCE_EXHAUSTED else route.code.lower()
+            )
+        route = check(route)
+        self.routes.put(route)
+        self.delivery.watch(route)
+        return route
+
+    async def submit(self, route: Route, request: pb.GenerateRequest) -> int:
+        """Queue a turn on the session's replica; returns its turn id."""
+        text, ids = turn_input(request)
+        if text is not None and len(text.encode("utf-8", "surrogatepass")) > MAX_TEXT_BYTES:
+            raise Refused(StatusCode.INVALID_ARGUMENT, f"text longer than {MAX_TEXT_BYTES} bytes")
+        try:
+            sampling = sampling_from_proto(request.sampling)
+        except InvalidRequestError as exc:
+            raise Refused(StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        try:
+            result = await route.handle.submit_turn.remote(
+                self.gateway_id, route.session_id, text, ids, sampling
+            )
+        except Exception as exc:  # noqa: BLE001 - the replica died
+            await self.replica_lost(route.replica_id, f"submit failed: {exc}")
+            raise Refused(StatusCode.ABORTED, replica_lost_message(route.session_id)) from None
+        if isinstance(result, ActorError) and result.code == StatusCode.NOT_FOUND:
+            self.routes.drop(route.session_id)  # released on the replica (idle timeout)
+        return check(result)
+
+    def chunk(self, event: TurnEvent, started: float, first: bool) -> pb.GenerateChunk:
+        if event.error_code is not None:
+            raise Refused(event.error_code, event.error or "turn failed")
+        if first and event.token_ids:
+            self.metrics.observe_first_token(time.perf_counter() - started)
+        self.metrics.add_generated_tokens(len(event.token_ids))
+        return chunk_from_event(event)
+
+    async def close(self, session_id: str, tenant: str) -> bool:
+        """Close on the session's replica directly (one hop), then tell the router. The route
+        lookup checks the tenant; an unknown or lost session was not open."""
+        route = await self.routes.lookup(session_id, tenant)
+        if isinstance(route, ActorError):
+            if route.code in (StatusCode.NOT_FOUND, StatusCode.ABORTED):
+                return False
+            check(route)
+        return await self.release(route, ReleaseReason.CLOSED)
+
+    async def release(self, route: Route, reason: ReleaseReason) -> bool:
+        """Release a session on its replica straight away, then tell the router (off the
+        reply's path); returns whether it was open."""
+        self.routes.drop(route.session_id)
+        try:
+            result = await route.handle.close_sessions.remote([route.session_id], reason)
+        except Exception as exc:  # noqa: BLE001 - the replica is gone; so is the session
+            log.warning("release of %s failed: %s", route.session_id, exc)
+            result = [False]
+        self.background.spawn(self.router.call("forget", [route.session_id]))
+        return not isinstance(result, ActorError) and result[0]
+
+    # ----- replicas that die ------------------------------------------------------------------
+
+    async def replica_lost(self, replica_id: str, why: str) -> None:
+        """This gateway saw a replica fail: abort its sessions here and tell the router."""
+        self._forget_replica(replica_id)
+        await self.router.call("replica_failed", replica_id, why)
+
+    def _forget_replica(self, replica_id: str) -> None:
+        self.routes.drop_replica(replica_id)
+        self.delivery.abort_replica(replica_id)

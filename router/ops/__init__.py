@@ -1,0 +1,1 @@
+"""Operator tools: the command line, serve, demo and top."""

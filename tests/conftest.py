@@ -1,0 +1,48 @@
+"""Fixtures shared by the whole suite.
+
+- ``ray_cluster``: one local Ray instance for the whole test process; end-to-end modules start
+  their ``Server`` (tests/support/cluster.py) on it, each in its own namespace.
+- Hypothesis profiles: ``ci`` (the default, sized to find bugs within CI's budget) and ``soak``
+  (long runs: ``HYPOTHESIS_PROFILE=soak``). A failure prints the seed and the shrunk example,
+  reproducible with ``--hypothesis-seed``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import ray
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci",
+    max_examples=100,
+    stateful_step_count=50,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "soak",
+    max_examples=2000,
+    stateful_step_count=200,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray for every end-to-end test of this process (on loopback, no dashboard)."""
+    if not ray.is_initialized():
+        ray.init(
+            include_dashboard=False,
+            log_to_driver=False,
+            _node_ip_address="127.0.0.1",
+            namespace="session-router-tests",
+        )
+    yield
+    ray.shutdown()
