@@ -205,6 +205,9 @@ class ReplicaActor:
         import ray
 
         while True:
+            if "drop_snapshots" in self.config.failpoints:
+                await asyncio.sleep(self.report_interval_s)
+                continue
             try:
                 released, self._released = self._released, []
                 try:

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from replica import failpoints
+
 DEFAULT_IDLE_TIMEOUT_S = 300.0
 
 
@@ -105,8 +107,10 @@ class ReplicaConfig:
     max_batch_tokens: int = setting(2048, "tokens one engine step runs at most")
     threads: int = setting(0, "torch threads per replica (0: the cores shared among replicas)")
     strict: bool = setting(False, "raise on any pool accounting violation")
+    failpoints: frozenset[str] = setting(frozenset(), cli=False)  # see replica.failpoints
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "failpoints", failpoints.check(frozenset(self.failpoints)))
         if self.session_idle_timeout_s <= 0:
             raise ValueError("session_idle_timeout_s must be positive")
         if self.max_prefill_chunk <= 0 or self.max_batch_tokens <= 0:

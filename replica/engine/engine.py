@@ -57,7 +57,9 @@ class Engine:
         self.tokenizer = tokenizer
         self.model_config = model.cfg
         self.pool = HybridReqToTokenPool(model.cfg, config.pools)
-        self.sessions = StreamingSession(self.pool, config.session_idle_timeout_s)
+        self.sessions = StreamingSession(
+            self.pool, config.session_idle_timeout_s, failpoints=config.failpoints
+        )
         self.scheduler = Scheduler(
             self.pool, self.sessions, config.max_prefill_chunk, config.max_batch_tokens
         )
@@ -189,6 +191,8 @@ class Engine:
 
     def step(self) -> list[TurnEvent]:
         """Run one engine step; returns the events it (and commands since the last) produced."""
+        if "engine_step_raises" in self.config.failpoints:
+            raise RuntimeError("failpoint engine_step_raises: the engine step failed")
         for req, err in self.scheduler.admit():
             slot = self.sessions.get(req.session_id)
             self._emit(slot, req, error_code=err.code, error=str(err))

@@ -26,6 +26,7 @@ from replica.api import (
     SessionNotFoundError,
     TurnRunningError,
 )
+from replica.config import DEFAULT_IDLE_TIMEOUT_S
 from replica.pools.hybrid_pool import HybridReqToTokenPool, SeqSlots
 from replica.sessions.request import Req
 
@@ -59,13 +60,15 @@ class StreamingSession:
     def __init__(
         self,
         pool: HybridReqToTokenPool,
-        idle_timeout_s: float = 300.0,
+        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
+        failpoints: frozenset[str] = frozenset(),
     ) -> None:
         self.pool = pool
         self.kv = pool.kv_pool
         self.default_idle_timeout_s = idle_timeout_s
         self.clock = clock
+        self.failpoints = failpoints
         self.sessions: dict[str, SessionSlot] = {}
         self.opened_total = 0
         self.released_total: Counter[str] = Counter()
@@ -168,13 +171,15 @@ class StreamingSession:
 
     def _free_slot(self, slot: SessionSlot, reason: ReleaseReason) -> None:
         del self.sessions[slot.session_id]
-        self.kv.truncate(self.pool.req_to_token, slot.req_pool_idx, 0, slot.committed_len)
+        if "leak_kv_on_release" not in self.failpoints:
+            self.kv.truncate(self.pool.req_to_token, slot.req_pool_idx, 0, slot.committed_len)
         self.pool.free_rows(slot.req_pool_idx)
         self._free_slot_mamba(slot)
         self.released_total[reason.value] += 1
 
     def _free_slot_mamba(self, slot: SessionSlot) -> None:
-        self.pool.free_mamba(slot.seq)
+        if "leak_mamba_on_release" not in self.failpoints:
+            self.pool.free_mamba(slot.seq)
 
     def idle_expired(self, now: float | None = None) -> list[str]:
         """Sessions with no turn running, idle for longer than their timeout."""

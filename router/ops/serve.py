@@ -14,6 +14,7 @@ import os
 
 import ray
 
+from replica import failpoints
 from router.config import ServeConfig
 from router.control.router import ROUTER_NAME, SessionRouter
 from router.gateway.auth import ApiKeys
@@ -88,7 +89,9 @@ class Server:
 
         cfg = self.config
         threads = self.replica_threads()
-        replica_config = dataclasses.replace(cfg.replica, threads=threads)
+        replica_config = dataclasses.replace(
+            cfg.replica, threads=threads, failpoints=cfg.replica.failpoints | failpoints.from_env()
+        )
         first = len(self.replicas)
         ids = [f"replica-{i}" for i in range(first, first + count)]
         for replica_id in ids:

@@ -1,0 +1,40 @@
+"""Failpoints: faults a test or a chaos run switches on, inert unless set.
+
+``SESSION_ROUTER_FAILPOINTS=name[,name...]`` in the environment of ``session-router serve`` is
+read once at start-up and handed to every replica in its ``ReplicaConfig``; tests set
+``ReplicaConfig.failpoints`` directly. Each failpoint brings back one failure that a detector
+exists to catch:
+
+- ``leak_mamba_on_release``: release frees the KV and the row but not the mamba slots (the bug
+  this project was built to fix); caught by the strict invariant, /metrics ``leaked`` and alerts.
+- ``leak_kv_on_release``: the same for the KV pages.
+- ``engine_step_raises``: the next engine step raises outside any turn's error handling, so the
+  engine loop dies; caught by dead-replica detection.
+- ``drop_snapshots``: the replica stops pushing snapshots; caught by stale-snapshot detection.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+ENV_VAR = "SESSION_ROUTER_FAILPOINTS"
+NAMES = ("leak_mamba_on_release", "leak_kv_on_release", "engine_step_raises", "drop_snapshots")
+
+
+def parse(value: str) -> frozenset[str]:
+    """The failpoints named in a comma-separated ``value``; unknown names raise ``ValueError``."""
+    names = frozenset(n.strip() for n in value.split(",") if n.strip())
+    unknown = sorted(names - set(NAMES))
+    if unknown:
+        raise ValueError(f"unknown failpoints {unknown} in {ENV_VAR}; known: {', '.join(NAMES)}")
+    return names
+
+
+def from_env(environ: Mapping[str, str] = os.environ) -> frozenset[str]:
+    return parse(environ.get(ENV_VAR, ""))
+
+
+def check(names: frozenset[str]) -> frozenset[str]:
+    """``names`` itself when every one is a known failpoint."""
+    return parse(",".join(names))
