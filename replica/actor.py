@@ -23,6 +23,8 @@ from typing import Any
 
 from replica.api import (
     ActorError,
+    Closed,
+    Opened,
     PoolSnapshot,
     ReleaseReason,
     ReplicaDescription,
@@ -120,16 +122,24 @@ class ReplicaActor:
         idle_timeout_s: float = 0.0,
         gateway_id: str = "",
         tenant: str = "",
-    ) -> SessionInfo | ActorError:
-        return await self._call(
-            self.engine.open_session, session_id, idle_timeout_s, tenant, gateway_id
-        )
+    ) -> Opened | ActorError:
+        """Open a session; the reply carries the snapshot taken right after, so the router's
+        view of this replica's room is never older than its own placements."""
+
+        def open_one() -> Opened:
+            info = self.engine.open_session(session_id, idle_timeout_s, tenant, gateway_id)
+            return Opened(info, self.engine.snapshot())
+
+        return await self._call(open_one)
 
     async def close_sessions(
         self, session_ids: list[str], reason: ReleaseReason = ReleaseReason.CLOSED
-    ) -> list[bool] | ActorError:
-        def close_all() -> list[bool]:
-            return [self.engine.close_session(sid, reason) for sid in session_ids]
+    ) -> Closed | ActorError:
+        """Release sessions (idempotent); the reply carries the snapshot taken right after."""
+
+        def close_all() -> Closed:
+            was_open = tuple(self.engine.close_session(sid, reason) for sid in session_ids)
+            return Closed(was_open, self.engine.snapshot())
 
         return await self._call(close_all)
 

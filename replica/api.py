@@ -170,6 +170,22 @@ class SessionInfo:
     idle_timeout_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """A session opened on a replica, and the replica's snapshot right after."""
+
+    info: SessionInfo
+    snapshot: PoolSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """Sessions released on a replica (whether each was open), and its snapshot right after."""
+
+    was_open: tuple[bool, ...]
+    snapshot: PoolSnapshot
+
+
 # ----- replicas --------------------------------------------------------------------------------
 
 
@@ -219,6 +235,7 @@ class PoolSnapshot:
     running_requests: int
     waiting_requests: int
     taken_at: float  # time.time() on the replica
+    seq: int = 0  # increases with every snapshot of one incarnation: newer wins
     draining: bool = False
     sessions_opened_total: int = 0
     sessions_released_total: dict[str, int] = field(default_factory=dict)

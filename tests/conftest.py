@@ -9,11 +9,14 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
 import ray
 from hypothesis import HealthCheck, settings
+
+from router.ops.serve import quiet_ray_start_up
 
 settings.register_profile(
     "ci",
@@ -38,7 +41,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 def ray_cluster():
     """A local Ray for every end-to-end test of this process (on loopback, no dashboard)."""
     if not ray.is_initialized():
+        quiet_ray_start_up()
         ray.init(
+            logging_level=logging.WARNING,
             include_dashboard=False,
             log_to_driver=False,
             _node_ip_address="127.0.0.1",

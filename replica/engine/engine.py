@@ -13,6 +13,7 @@ buffers >= 1) or commits what it folded in (0). Closing a session during a turn 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 import uuid
@@ -66,6 +67,7 @@ class Engine:
         self.runner = ModelRunner(model, self.pool)
         self.checker = InvariantChecker(config.strict)
         self.draining = False
+        self._snapshot_seq = itertools.count(1)
         self._events: list[TurnEvent] = []  # produced since the last ``take_events``
         self._generators: dict[int, object] = {}
         self._detok: dict[int, IncrementalDetokenizer] = {}
@@ -293,6 +295,7 @@ class Engine:
             running_requests=len(self.scheduler.running),
             waiting_requests=len(self.scheduler.waiting),
             taken_at=time.time(),
+            seq=next(self._snapshot_seq),
             draining=self.draining,
             sessions_opened_total=self.sessions.opened_total,
             sessions_released_total=dict(self.sessions.released_total),

@@ -1,8 +1,9 @@
 """Placement policy: which replica gets a new session. Pure functions of the router's views.
 
 A replica is a *candidate* when it is HEALTHY (not draining, not dead, and its latest snapshot
-does not say draining), has a snapshot, and has room for one more session after subtracting what
-the router has already placed there since that snapshot (``reserved[replica_id]`` sessions):
+does not say draining), has a snapshot, and has room for one more session after subtracting the
+opens the router has in flight there, which no snapshot counts yet (``reserved[replica_id]``;
+every open and close reply carries a fresh snapshot, so nothing else is pending):
 
 - free mamba slots - reserved * mamba_slots_per_session >= mamba_slots_per_session
 - free req rows    - reserved                           >= 1

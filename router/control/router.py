@@ -89,7 +89,7 @@ class SessionRouter:
             entry = self.replicas[replica_id] = ReplicaEntry(handle, desc)
         entry.handle, entry.health = handle, ReplicaHealth.HEALTHY
         if snapshot is not None:
-            entry.snapshot, entry.reported_at, entry.reserved = snapshot, time.monotonic(), 0
+            entry.take(snapshot)
         for sid, tenant in tenants.items():
             self.sessions.pin(sid, replica_id, tenant)
         log.info("replica %s registered with %d sessions", replica_id, len(tenants))
@@ -101,7 +101,7 @@ class SessionRouter:
         entry = self.replicas.get(snapshot.replica_id)
         if entry is None or entry.desc.incarnation != snapshot.incarnation:
             return False
-        entry.snapshot, entry.reported_at, entry.reserved = snapshot, time.monotonic(), 0
+        entry.take(snapshot)
         if entry.health == ReplicaHealth.DEAD:
             return False
         for sid in released:
@@ -221,19 +221,21 @@ class SessionRouter:
         self, replica_id: str, session_id: str, idle_timeout_s: float, tenant: str, gateway_id: str
     ) -> Route | ActorError:
         entry = self.replicas[replica_id]
-        entry.reserved += 1
+        entry.reserved += 1  # in flight: not in any snapshot yet
         try:
-            info = await entry.handle.open_session.remote(
+            opened = await entry.handle.open_session.remote(
                 session_id, idle_timeout_s, gateway_id, tenant
             )
         except Exception as exc:  # noqa: BLE001 - the replica died under us
             await self.replica_failed(replica_id, f"open_session failed: {exc}")
             return ActorError(StatusCode.RESOURCE_EXHAUSTED, f"replica {replica_id} failed; retry")
-        if isinstance(info, ActorError):
+        finally:
             entry.reserved -= 1
-            return info
+        if isinstance(opened, ActorError):
+            return opened
+        entry.take(opened.snapshot)  # counts the new session
         self.sessions.pin(session_id, replica_id, tenant)
-        return Route(session_id, replica_id, entry.handle, info, tenant)
+        return Route(session_id, replica_id, entry.handle, opened.info, tenant)
 
     async def route(self, session_id: str, tenant: str = "") -> Route | ActorError:
         session = self.sessions.get(session_id)
@@ -250,9 +252,12 @@ class SessionRouter:
         entry = self.replicas[session.replica_id]
         return Route(session_id, session.replica_id, entry.handle, tenant=session.tenant)
 
-    async def forget(self, session_ids: list[str]) -> None:
+    async def forget(self, session_ids: list[str], snapshot: PoolSnapshot | None = None) -> None:
         """Gateways release sessions on their replica directly (close, stream end), then report
-        them here so the table and the room for new sessions follow at once."""
+        them here with the replica's snapshot after the release, so the table and the room for
+        new sessions follow at once."""
+        if snapshot is not None and snapshot.replica_id in self.replicas:
+            self.replicas[snapshot.replica_id].take(snapshot)
         for sid in session_ids:
             self.sessions.forget(sid)
         await self._notify_room()

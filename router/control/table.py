@@ -90,8 +90,16 @@ class ReplicaEntry:
     health: ReplicaHealth = ReplicaHealth.HEALTHY
     snapshot: PoolSnapshot | None = None
     reported_at: float = field(default_factory=time.monotonic)
-    reserved: int = 0  # sessions placed since the latest snapshot
+    reserved: int = 0  # opens in flight, which no snapshot counts yet
     lost: int = 0  # sessions lost when the replica died
+
+    def take(self, snapshot: PoolSnapshot) -> None:
+        """Keep ``snapshot`` when it is newer than the one held (periodic reports and the
+        replies to opens and closes race; the newest wins)."""
+        held = self.snapshot
+        if held is None or held.incarnation != snapshot.incarnation or snapshot.seq > held.seq:
+            self.snapshot = snapshot
+            self.reported_at = time.monotonic()
 
     def view(self, replica_id: str, pinned: int) -> ReplicaView:
         """What the router hands out about this replica (placement, metrics, ListReplicas)."""

@@ -136,12 +136,15 @@ class Gateway:
         reply's path); returns whether it was open."""
         self.routes.drop(route.session_id)
         try:
-            result = await route.handle.close_sessions.remote([route.session_id], reason)
+            closed = await route.handle.close_sessions.remote([route.session_id], reason)
         except Exception as exc:  # noqa: BLE001 - the replica is gone; so is the session
             log.warning("release of %s failed: %s", route.session_id, exc)
-            result = [False]
-        self.background.spawn(self.router.call("forget", [route.session_id]))
-        return not isinstance(result, ActorError) and result[0]
+            closed = None
+        if isinstance(closed, ActorError):
+            closed = None
+        snapshot = closed.snapshot if closed else None
+        self.background.spawn(self.router.call("forget", [route.session_id], snapshot))
+        return bool(closed and closed.was_open[0])
 
     # ----- replicas that die ------------------------------------------------------------------
 

@@ -25,6 +25,14 @@ from router.gateway.service import start_grpc_server
 log = logging.getLogger(__name__)
 
 
+def quiet_ray_start_up() -> None:
+    """Ray announces at every start that it enabled its token authentication, which is what we
+    want; the warning would only alarm the operator, so it is kept to errors."""
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(
+        logging.ERROR
+    )
+
+
 class Server:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
@@ -47,11 +55,17 @@ class Server:
     async def start(self) -> None:
         cfg = self.config
         if not ray.is_initialized():
-            kwargs = {"namespace": cfg.namespace, "include_dashboard": False, "log_to_driver": True}
+            kwargs = {
+                "namespace": cfg.namespace,
+                "include_dashboard": False,
+                "log_to_driver": True,
+                "logging_level": logging.WARNING,
+            }
             if cfg.address:
                 kwargs["address"] = cfg.address
             else:  # the embedded instance stays on loopback
                 kwargs["_node_ip_address"] = "127.0.0.1"
+            quiet_ray_start_up()
             ray.init(**kwargs)
             self._started_ray = True
         self.router = (
