@@ -1,0 +1,108 @@
+"""The session workloads straight on the replica actors: what the gateway does, minus gRPC and
+the router. Opens, turns and closes are actor calls from this process; one long-lived
+``stream_outputs`` generator per replica (kept open, as a gateway keeps it) hands each step's
+events to per-session queues; replicas are taken round robin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import secrets
+import time
+from typing import Any
+
+from bench.harness.load import closed_loop
+from bench.harness.window import LifecycleSamples
+from bench.harness.workload import PROMPT, Lifecycle, TokenRounds
+from replica.api import ActorError, SamplingParams, TurnEvent
+
+
+class DirectDriver:
+    """A gateway without gRPC or router over the replica actor ``handles``; ``stop()`` it."""
+
+    def __init__(self, handles: list[Any]) -> None:
+        self.handles = handles
+        self.gateway_id = f"bench-direct-{secrets.token_hex(4)}"
+        self.inboxes: dict[str, asyncio.Queue[TurnEvent]] = {}
+        self._next = itertools.cycle(handles)
+        loop = asyncio.get_running_loop()
+        self._pumps = [loop.create_task(self._pump(h)) for h in handles]
+
+    async def _pump(self, handle: Any) -> None:
+        async for ref in handle.stream_outputs.remote(self.gateway_id):
+            for event in await ref:
+                inbox = self.inboxes.get(event.session_id)
+                if inbox is not None:
+                    inbox.put_nowait(event)
+
+    async def open(self, handle: Any) -> str:
+        """Opens a session on ``handle``'s replica (one actor call); returns its id."""
+        session_id = secrets.token_hex(16)
+        self.inboxes[session_id] = asyncio.Queue()
+        info = await handle.open_session.remote(session_id, 0.0, self.gateway_id)
+        if isinstance(info, ActorError):
+            del self.inboxes[session_id]
+            raise RuntimeError(info.code)
+        return session_id
+
+    async def turn(self, handle: Any, session_id: str, new_tokens: int) -> int:
+        """One turn (one actor call, then the events from the stream); returns its tokens."""
+        inbox = self.inboxes[session_id]
+        sampling = SamplingParams(max_new_tokens=new_tokens)
+        turn_id = await handle.submit_turn.remote(
+            self.gateway_id, session_id, None, list(PROMPT), sampling
+        )
+        if isinstance(turn_id, ActorError):
+            raise RuntimeError(turn_id.code)
+        tokens = 0
+        while True:
+            event = await inbox.get()
+            if event.turn_id != turn_id:
+                continue
+            if event.error_code is not None:
+                raise RuntimeError(event.error_code)
+            tokens += len(event.token_ids)
+            if event.finished:
+                return tokens
+
+    async def close(self, handle: Any, session_id: str) -> None:
+        await handle.close_sessions.remote([session_id])
+        self.inboxes.pop(session_id, None)
+
+    async def lifecycle(self, new_tokens: int) -> Lifecycle:
+        """Open, turn, close on the next replica: three actor calls."""
+        handle = next(self._next)
+        t0 = time.perf_counter()
+        session_id = await self.open(handle)
+        t1 = time.perf_counter()
+        try:
+            tokens = await self.turn(handle, session_id, new_tokens)
+        finally:
+            t2 = time.perf_counter()
+            await self.close(handle, session_id)
+        return Lifecycle(t0, t1, t2, time.perf_counter(), tokens)
+
+    async def lifecycles(
+        self, concurrency: int, seconds: float, warmup: float, new_tokens: int
+    ) -> LifecycleSamples:
+        """A closed loop of lifecycles (``closed_loop``)."""
+        return await closed_loop(lambda: self.lifecycle(new_tokens), concurrency, seconds, warmup)
+
+    async def token_rounds(self, sessions: int, new_tokens: int, rounds: int) -> TokenRounds:
+        """``sessions`` sessions on the first replica, ``rounds`` turns on all at once."""
+        handle = self.handles[0]
+        ids = await asyncio.gather(*(self.open(handle) for _ in range(sessions)))
+        result = TokenRounds()
+        try:
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                counts = await asyncio.gather(*(self.turn(handle, s, new_tokens) for s in ids))
+                result.rounds.append((sum(counts), time.perf_counter() - t0))
+        finally:
+            await asyncio.gather(*(self.close(handle, s) for s in ids))
+        return result
+
+    def stop(self) -> None:
+        for pump in self._pumps:
+            pump.cancel()
