@@ -1,42 +1,46 @@
 """Engine throughput on tiny-bamba: batched decode vs one session, prefill, time to first token.
 
 For each concurrency N (1, 4, 16, 64 by default) N sessions each submit a short prompt and
-generate ``--new`` tokens together. Decode tokens/s counts the tokens of decode-only steps over
-their wall time; the ratio column is tokens/s at N over tokens/s at 1, measured side by side in
-this run. TTFT is the median over the N turns of submit -> first token. Prefill tokens/s is for
-``--prefill-len``-token inputs folded into a fresh session (append only).
+generate ``--new`` tokens together, on an engine in this process. Decode tokens/s counts the
+tokens of decode-only steps over their wall time; the ratio column is tokens/s at N over tokens/s
+at 1 in the same repetition (every N runs once per repetition, side by side). TTFT is the median
+over the N turns of submit -> first token. Prefill tokens/s is for ``--prefill-len``-token inputs
+folded into a fresh session (append only). Figures: median (min–max) over repetitions.
 
-Run: ``.venv/bin/python bench/decode.py`` (add ``--device cuda`` on a GPU). Goal: 16 concurrent
+Run: ``python -m bench.decode [--quick]`` (add ``--device cuda`` on a GPU). Goal: 16 concurrent
 sessions reach >= 8x the decode tokens/s of one.
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import torch
 
+from bench.harness import cli
+from bench.harness.inprocess_driver import build_engine
+from bench.harness.report import Goal, Table, print_goals
+from bench.harness.stats import Spread, ratios
 from replica.api import SamplingParams
 from replica.config import PoolConfig, ReplicaConfig
 from replica.engine.engine import Engine
-from replica.model import build_tiny_bamba
+
+GOAL_SESSIONS = 16
+GOAL_SPEEDUP = 8.0
 
 
-def make_engine(max_sessions: int, device: str, chunk: int) -> Engine:
-    cfg, model, tok = build_tiny_bamba()
-    model.to(device)
+def replica_config(max_sessions: int, chunk: int, threads: int) -> ReplicaConfig:
     pools = PoolConfig(
         max_sessions=max_sessions,
         kv_tokens=max_sessions * 1024,
         max_context=1024,
         page_size=16,
         mamba_track_buffers=1,
-        device=device,
     )
-    config = ReplicaConfig(pools=pools, max_prefill_chunk=chunk, max_batch_tokens=8192)
-    return Engine(config, model, tok)
+    return ReplicaConfig(
+        pools=pools, max_prefill_chunk=chunk, max_batch_tokens=8192, threads=threads
+    )
 
 
 def sync(device: str) -> None:
@@ -45,7 +49,7 @@ def sync(device: str) -> None:
 
 
 def decode_run(engine: Engine, n: int, prompt_len: int, new: int, device: str) -> dict:
-    """One round: n sessions, one turn each; returns decode tokens/s and TTFTs."""
+    """n sessions, one turn each: decode tokens/s and the median time to first token (s)."""
     gen = torch.Generator().manual_seed(n)
     sids = [f"n{n}-s{i}" for i in range(n)]
     for sid in sids:
@@ -79,6 +83,7 @@ def decode_run(engine: Engine, n: int, prompt_len: int, new: int, device: str) -
 
 
 def prefill_tok_s(engine: Engine, length: int, repeats: int, device: str) -> float:
+    """Tokens/s of one ``length``-token turn with nothing to generate, median of ``repeats``."""
     gen = torch.Generator().manual_seed(1)
     times = []
     for i in range(repeats + 1):
@@ -97,49 +102,52 @@ def prefill_tok_s(engine: Engine, length: int, repeats: int, device: str) -> flo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.parser(__doc__)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--prefill-len", type=int, default=512)
-    parser.add_argument("--rounds", type=int, default=3, help="best of this many rounds")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument(
-        "--threads", type=int, default=1, help="torch intra-op threads on the CPU (0: default)"
+        "--threads", type=int, default=1, help="torch threads (the replica setting; 0: default)"
     )
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-
-    engine = make_engine(max(args.concurrency), args.device, chunk=args.prefill_len)
+    args = cli.parse(parser)
+    config = replica_config(max(args.concurrency), args.prefill_len, args.threads)
+    engine = build_engine(config, args.device)
     decode_run(engine, 2, args.prompt_len, 8, args.device)  # warm up
-    rows = []
-    for n in args.concurrency:
-        runs = [
-            decode_run(engine, n, args.prompt_len, args.new, args.device)
-            for _ in range(args.rounds)
-        ]
-        best = max(runs, key=lambda r: r["tok_s"])
-        rows.append((n, best["tok_s"], statistics.median(r["ttft"] for r in runs)))
-    prefill = prefill_tok_s(engine, args.prefill_len, 5, args.device)
+    runs: dict[int, list[dict]] = {n: [] for n in args.concurrency}
+    for _ in range(args.repeats):
+        for n in args.concurrency:
+            runs[n].append(decode_run(engine, n, args.prompt_len, args.new, args.device))
+    prefill = [
+        prefill_tok_s(engine, args.prefill_len, 2 if args.quick else 5, args.device)
+        for _ in range(args.repeats)
+    ]
     engine.check_invariant()
 
-    base = rows[0][1] if rows[0][0] == 1 else None
     print(
         f"tiny-bamba on {args.device} (threads={torch.get_num_threads()}), prompt "
-        f"{args.prompt_len} tokens, {args.new} new tokens per session, best of {args.rounds}"
+        f"{args.prompt_len} tokens, {args.new} new tokens per session, {args.repeats} "
+        "repetition(s): median (min–max)"
     )
-    print(f"{'sessions':>8}  {'decode tok/s':>12}  {'vs 1 session':>12}  {'TTFT median ms':>14}")
-    for n, tok_s, ttft in rows:
-        ratio = f"{tok_s / base:.2f}x" if base else "-"
-        print(f"{n:>8}  {tok_s:>12.0f}  {ratio:>12}  {ttft * 1e3:>14.1f}")
-    print(f"prefill: {prefill:.0f} tok/s for {args.prefill_len}-token inputs (one chunk)")
-    if base:
-        goal = [r for r in rows if r[0] == 16]
-        if goal:
-            ratio = goal[0][1] / base
-            verdict = "met" if ratio >= 8 else "NOT met"
-            print(f"goal 16 sessions >= 8x one session: {ratio:.2f}x ({verdict})")
+    table = Table("sessions", "decode tok/s", "vs 1 session", "TTFT median ms")
+    rates = {n: [r["tok_s"] for r in runs[n]] for n in args.concurrency}
+    single = rates.get(1)
+    for n in args.concurrency:
+        table.add(
+            n,
+            Spread.of(rates[n]).format(",.0f"),
+            ratios(rates[n], single).format() if single else "-",
+            Spread.of(r["ttft"] * 1e3 for r in runs[n]).format(".1f"),
+        )
+    table.print()
+    print(
+        f"prefill: {Spread.of(prefill).format(',.0f')} tok/s for {args.prefill_len}-token "
+        "inputs (one chunk)"
+    )
+    if single and GOAL_SESSIONS in rates:
+        speedup = ratios(rates[GOAL_SESSIONS], single)
+        print_goals([Goal(f"decode tok/s, {GOAL_SESSIONS} sessions / 1", speedup, GOAL_SPEEDUP)])
 
 
 if __name__ == "__main__":

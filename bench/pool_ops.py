@@ -1,22 +1,36 @@
 """Pool operation throughput: session lifecycles and mamba alloc/free at several batch sizes.
 
-Prints a table, and the ratio of slots/s freed and allocated in batches of 64 vs one at a time,
-measured side by side in this run. Run: ``.venv/bin/python bench/pool_ops.py``.
+Session cycles: open a session, fold a 40-token turn into it (KV extended, state saved) and
+release it, on the pools alone (no model), for page sizes 1 and 16 and 0 or 2 track buffers.
+Mamba alloc+free pairs at batch 1, 8 and 64 (slots zeroed on alloc; tiny-bamba state shapes).
+Each measurement runs ``--seconds``; figures are the median (min–max) over repetitions, and the
+ratio of slots/s at batch 64 vs one at a time is taken per repetition, side by side. Goal: the
+pool operations are O(batch) tensor ops with no Python loop over slots, so batch 64 moves
+>= 10x the slots/s of batch 1.
+
+Run: ``python -m bench.pool_ops [--quick]``.
 """
 
 from __future__ import annotations
 
-import argparse
 import time
+from collections.abc import Callable
 
+from bench.harness import cli
+from bench.harness.report import Goal, Table, print_goals
+from bench.harness.stats import Spread, ratios
 from replica.config import PoolConfig
 from replica.model.config import ModelConfig
 from replica.pools.hybrid_pool import HybridReqToTokenPool
 from replica.sessions.request import Req
 from replica.sessions.session import StreamingSession
 
+GOAL_BATCHED_VS_SEQUENTIAL = 10.0
+BATCHES = (1, 8, 64)
 
-def timed(fn, seconds: float) -> tuple[int, float]:
+
+def timed(fn: Callable[[], object], seconds: float) -> tuple[int, float]:
+    """Calls ``fn`` back to back for ``seconds``: (calls, elapsed seconds)."""
     n, start = 0, time.perf_counter()
     while (elapsed := time.perf_counter() - start) < seconds:
         fn()
@@ -62,22 +76,41 @@ def mamba_pairs_per_s(batch: int, seconds: float) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--seconds", type=float, default=1.0, help="time per measurement")
-    args = parser.parse_args()
-    print("session open -> turn (40 tokens) -> release cycles/s")
-    print(f"{'page_size':>10} {'track':>6} {'cycles/s':>10}")
-    for page_size in (1, 16):
-        for track in (0, 2):
-            rate = session_cycles_per_s(page_size, track, args.seconds)
-            print(f"{page_size:>10} {track:>6} {rate:>10,.0f}")
+    parser = cli.parser(__doc__)
+    parser.add_argument(
+        "--seconds", type=float, default=None, help="time per measurement (1; --quick 0.3)"
+    )
+    args = cli.parse(parser)
+    seconds = args.seconds or (0.3 if args.quick else 1.0)
+    shapes = [(page_size, track) for page_size in (1, 16) for track in (0, 2)]
+    cycles: dict[tuple[int, int], list[float]] = {shape: [] for shape in shapes}
+    slots: dict[int, list[float]] = {batch: [] for batch in BATCHES}
+    for _ in range(args.repeats):
+        for page_size, track in shapes:
+            cycles[page_size, track].append(session_cycles_per_s(page_size, track, seconds))
+        for batch in BATCHES:
+            slots[batch].append(mamba_pairs_per_s(batch, seconds))
+
+    print(f"{args.repeats} repetition(s) of {seconds:g}s each: median (min–max)")
+    print("\nsession open -> turn (40 tokens) -> release")
+    table = Table("page_size", "track buffers", "cycles/s")
+    for page_size, track in shapes:
+        table.add(page_size, track, Spread.of(cycles[page_size, track]).format(",.0f"))
+    table.print()
     print("\nmamba alloc+free (slots zeroed on alloc; tiny-bamba state shapes)")
-    print(f"{'batch':>6} {'pairs/s':>12} {'calls/s':>10}")
-    rates = {}
-    for batch in (1, 8, 64):
-        rates[batch] = mamba_pairs_per_s(batch, args.seconds)
-        print(f"{batch:>6} {rates[batch]:>12,.0f} {rates[batch] / batch:>10,.0f}")
-    print(f"\nbatched/sequential: slots/s at batch 64 vs batch 1 = {rates[64] / rates[1]:.1f}x")
+    table = Table("batch", "slots/s", "calls/s", "vs batch 1")
+    for batch in BATCHES:
+        table.add(
+            batch,
+            Spread.of(slots[batch]).format(",.0f"),
+            Spread.of(s / batch for s in slots[batch]).format(",.0f"),
+            ratios(slots[batch], slots[1]).format(".1f"),
+        )
+    table.print()
+    batched = ratios(slots[64], slots[1])
+    print_goals(
+        [Goal("slots/s, batch 64 / batch 1", batched, GOAL_BATCHED_VS_SEQUENTIAL, spec=".1f")]
+    )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,181 @@
+"""Session lifecycles: what the gateway and Ray cost per session, measured side by side.
+
+One lifecycle is OpenSession, one turn (8-token prompt, 8 new tokens, greedy) and CloseSession.
+Closed loops at concurrency 1, 16 and 64 (each worker starts its next lifecycle when the last
+ends), three ways in one run, interleaved per concurrency and repetition so that load from
+elsewhere falls on all three alike:
+
+  gateway     AsyncSessionClient over loopback gRPC, in a child process -> gateway -> router
+              actor (open, close) -> replica actor: 5 actor calls
+  direct      the same calls straight on the replica actors from this process, with one
+              long-lived stream_outputs generator per replica, as a gateway keeps: 3 actor calls
+  in-process  the Engine on this thread, stepping until the turn ends: no Ray, no gRPC
+
+The yardstick, in the same run: raw async actor calls (``ping`` on a replica actor), their
+latency one at a time and their rate with 16 and 64 in flight, and what share of that ceiling
+each path's lifecycles/s reach. Goal (issue 13): gateway / direct lifecycles/s >= 0.8 at 64.
+
+Run: ``python -m bench.lifecycles [--quick] [--threads N] [--replicas N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+
+from bench.harness import cli
+from bench.harness.cluster import LocalCluster
+from bench.harness.direct_driver import DirectDriver
+from bench.harness.inprocess_driver import InProcessDriver, build_engine
+from bench.harness.load import calls_per_second, sequential_ms
+from bench.harness.report import Goal, Table, number, ratio
+from bench.harness.stats import Spread, p50, p99, ratios
+from bench.harness.window import LifecycleSamples
+from bench.harness.workload import PROMPT
+
+NEW_TOKENS = 8
+CONCURRENCY = (1, 16, 64)
+MODES = ("gateway", "direct", "in-process")
+ACTOR_CALLS = {"gateway": 5, "direct": 3}  # per lifecycle, besides the stream items
+GOAL_GATEWAY_VS_DIRECT = 0.8  # lifecycles/s at concurrency 64 (issue 13)
+
+Runs = dict[tuple[str, int], list[LifecycleSamples]]
+
+
+async def measure(cluster: LocalCluster, args: argparse.Namespace) -> list[Goal]:
+    seconds, warmup = (1.5, 0.3) if args.quick else (2.5, 0.5)
+    grpc = await cluster.grpc()
+    direct = DirectDriver(cluster.handles)
+    inproc = InProcessDriver(build_engine(cluster.replica_config))
+    ping = cluster.handles[0].ping.remote
+    runs: Runs = defaultdict(list)
+    try:
+        # every path once (channels, streams, the model), then the yardstick
+        await grpc.lifecycles(1, 0.3, 0.0, NEW_TOKENS)
+        await direct.lifecycles(1, 0.3, 0.0, NEW_TOKENS)
+        inproc.lifecycles(1, 0.3, 0.0, NEW_TOKENS)
+        ping_ms = await sequential_ms(ping, 200 if args.quick else 500)
+        total = 1000 if args.quick else 3000
+        ping_rates = {n: await calls_per_second(ping, n, total) for n in (16, 64)}
+        for _ in range(args.repeats):
+            for conc in CONCURRENCY:
+                runs["gateway", conc].append(
+                    await grpc.lifecycles(conc, seconds, warmup, NEW_TOKENS)
+                )
+                runs["direct", conc].append(
+                    await direct.lifecycles(conc, seconds, warmup, NEW_TOKENS)
+                )
+                runs["in-process", conc].append(
+                    inproc.lifecycles(conc, seconds, warmup, NEW_TOKENS)
+                )
+    finally:
+        direct.stop()
+    print_lifecycles(runs)
+    print_ratios(runs)
+    print_yardstick(runs, ping_ms, ping_rates)
+    gateway_vs_direct = ratios(*(rates(runs, mode, 64) for mode in ("gateway", "direct")))
+    return [
+        Goal(
+            "gateway / direct lifecycles/s at concurrency 64",
+            gateway_vs_direct,
+            GOAL_GATEWAY_VS_DIRECT,
+        )
+    ]
+
+
+def rates(runs: Runs, mode: str, conc: int) -> list[float]:
+    return [samples.rate for samples in runs[mode, conc]]
+
+
+def print_lifecycles(runs: Runs) -> None:
+    print(
+        f"\nsession lifecycle: open, one turn ({len(PROMPT)}-token prompt, {NEW_TOKENS} new "
+        "tokens, greedy), close; closed loop"
+    )
+    table = Table(
+        "conc",
+        "mode",
+        "sessions/s",
+        "p50 ms",
+        "p99 ms",
+        "open p50",
+        "turn p50",
+        "close p50",
+        "n",
+        "notes",
+    )
+    for conc in CONCURRENCY:
+        for mode in MODES:
+            s = LifecycleSamples.merged(runs[mode, conc])
+            notes = []
+            if s.tokens_per_turn != {NEW_TOKENS}:
+                notes.append(f"tokens/turn {sorted(s.tokens_per_turn)}")
+            if s.errors:
+                notes.append(f"errors {dict(s.errors)}")
+            table.add(
+                conc,
+                mode,
+                Spread.of(rates(runs, mode, conc)).format(".1f"),
+                number(s.p50_ms),
+                number(s.p99_ms),
+                number(p50(s.open_ms)),
+                number(p50(s.turn_ms)),
+                number(p50(s.close_ms)),
+                s.count,
+                "; ".join(notes),
+            )
+    table.print()
+    print(
+        "  sessions/s: median (min–max) over repetitions; latencies pooled over them; "
+        "the turn is submit -> last token"
+    )
+
+
+def print_ratios(runs: Runs) -> None:
+    print("\nratios, each measured side by side (sessions/s; p50 latency)")
+    table = Table(
+        "conc",
+        "gateway/direct",
+        "direct/in-process",
+        "gateway/in-process",
+        "p50 gateway/direct",
+        "p50 direct/in-process",
+    )
+    for conc in CONCURRENCY:
+        g, d, e = (rates(runs, mode, conc) for mode in MODES)
+        gp, dp, ep = (LifecycleSamples.merged(runs[m, conc]).p50_ms for m in MODES)
+        table.add(
+            conc,
+            ratios(g, d).format(),
+            ratios(d, e).format(),
+            ratios(g, e).format(),
+            ratio(gp, dp),
+            ratio(dp, ep),
+        )
+    table.print()
+
+
+def print_yardstick(runs: Runs, ping_ms: list[float], ping_rates: dict[int, float]) -> None:
+    print("\nyardstick: raw async actor calls (ping on a replica actor, from this process)")
+    print(f"  one at a time: p50 {p50(ping_ms):.2f} ms, p99 {p99(ping_ms):.2f} ms")
+    for in_flight, rate in ping_rates.items():
+        print(f"  {in_flight:>3} in flight: {rate:,.0f} calls/s")
+    best = max(ping_rates.values())
+    print(
+        "  a gateway lifecycle is 5 actor calls (open and close each go gateway -> router -> "
+        "replica, submit 1),\n  a direct one 3, each plus >= 1 stream item per engine step; "
+        "share of the actor-call ceiling reached:"
+    )
+    table = Table(
+        "conc", *(f"{mode} ({best / n:,.0f}/s ceiling)" for mode, n in ACTOR_CALLS.items())
+    )
+    for conc in CONCURRENCY:
+        shares = (
+            Spread.of(rates(runs, mode, conc)).median * n / best for mode, n in ACTOR_CALLS.items()
+        )
+        table.add(conc, *(f"{share:.0%}" for share in shares))
+    table.print()
+
+
+if __name__ == "__main__":
+    cli.main(__doc__, measure)

@@ -1,0 +1,112 @@
+"""Tokens delivered: gRPC clients vs the replica actor vs the engine in-process, side by side.
+
+64 concurrent sessions on ONE replica, each generating 64 tokens per turn (8-token prompt,
+greedy), a turn on every session at once per round; the first round of each run warms up. Three
+ways in one run, interleaved per repetition:
+
+  gRPC         AsyncSessionClient in a child process -> gateway -> replica actor (other
+               replicas draining, so the router places every session on the first)
+  actor        straight on the replica actor from this process, one stream_outputs generator
+  in-process   the Engine on this thread
+
+plus the CPU each run cost, per process group (this process: the gateway and the drivers; the
+client process; the replica actor; the router actor; the rest of Ray), per 1,000 tokens. Goal:
+gRPC tokens/s >= 0.8x the in-process engine's.
+
+Run: ``python -m bench.tokens [--quick] [--threads N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+
+from bench.harness import cli
+from bench.harness.cluster import LocalCluster
+from bench.harness.cpu import CpuMeter
+from bench.harness.direct_driver import DirectDriver
+from bench.harness.inprocess_driver import InProcessDriver, build_engine
+from bench.harness.report import Goal, Table
+from bench.harness.stats import Spread, ratios
+from bench.harness.workload import TokenRounds
+
+SESSIONS = 64
+NEW_TOKENS = 64
+PATHS = ("gRPC", "actor", "in-process")
+GOAL_GRPC_VS_INPROCESS = 0.8
+
+
+async def measure(cluster: LocalCluster, args: argparse.Namespace) -> list[Goal]:
+    rounds = 2 if args.quick else 3
+    grpc = await cluster.grpc()
+    direct = DirectDriver(cluster.handles[:1])
+    inproc = InProcessDriver(build_engine(cluster.replica_config))
+    cpu = CpuMeter({grpc.pid: "client"})
+    runs: dict[str, list[TokenRounds]] = defaultdict(list)
+    used = {path: dict.fromkeys(cpu.groups, 0.0) for path in PATHS}
+
+    async def run(path: str, work: Callable[[], Awaitable[TokenRounds]]) -> None:
+        before = cpu.sample()
+        runs[path].append(await work())
+        for group, seconds in CpuMeter.delta(before, cpu.sample()).items():
+            used[path][group] += seconds
+
+    async def in_process() -> TokenRounds:  # blocks the event loop, as an engine step would
+        return inproc.token_rounds(SESSIONS, NEW_TOKENS, rounds)
+
+    try:
+        for _ in range(args.repeats):
+            async with cluster.on_first_replica():
+                await run("gRPC", lambda: grpc.token_rounds(SESSIONS, NEW_TOKENS, rounds))
+            await run("actor", lambda: direct.token_rounds(SESSIONS, NEW_TOKENS, rounds))
+            await run("in-process", in_process)
+    finally:
+        direct.stop()
+    print_rates(runs, rounds, args.repeats)
+    print_cpu(runs, used, cpu.groups)
+    rate = {path: [r.rate for r in runs[path]] for path in PATHS}
+    print(
+        f"\n  actor / in-process tokens/s: {ratios(rate['actor'], rate['in-process']).format()}; "
+        f"gRPC / actor: {ratios(rate['gRPC'], rate['actor']).format()}"
+    )
+    grpc_vs_inproc = ratios(rate["gRPC"], rate["in-process"])
+    return [Goal("gRPC / in-process tokens/s", grpc_vs_inproc, GOAL_GRPC_VS_INPROCESS)]
+
+
+def print_rates(runs: dict[str, list[TokenRounds]], rounds: int, repeats: int) -> None:
+    replicas = sorted({r for run in runs["gRPC"] for r in run.replicas})
+    print(
+        f"\ntokens/s, {SESSIONS} concurrent sessions on one replica (gRPC sessions on "
+        f"{', '.join(replicas)}), {NEW_TOKENS} new tokens each per round, {rounds} rounds per "
+        f"run (the first warms up), {repeats} run(s) per path"
+    )
+    table = Table("path", "tokens/s", "vs in-process", "wall s per round (last run)")
+    inproc = [r.rate for r in runs["in-process"]]
+    for path in PATHS:
+        rates = [r.rate for r in runs[path]]
+        per_round = ", ".join(f"{s:.2f}" for _, s in runs[path][-1].rounds)
+        table.add(path, Spread.of(rates).format(",.0f"), ratios(rates, inproc).format(), per_round)
+    table.print()
+
+
+def print_cpu(
+    runs: dict[str, list[TokenRounds]],
+    used: dict[str, dict[str, float]],
+    groups: tuple[str, ...],
+) -> None:
+    print(
+        "\nCPU seconds per 1,000 tokens by process group, all rounds of all runs (wall: seconds "
+        "per 1,000 tokens; 2 cores give 2 CPU-s per wall second)"
+    )
+    table = Table("path", *groups, "total", "wall")
+    for path in PATHS:
+        thousands = sum(run.tokens for run in runs[path]) / 1000
+        wall = sum(s for run in runs[path] for _, s in run.rounds)
+        per = [used[path][group] / thousands for group in groups]
+        table.add(path, *(f"{v:.2f}" for v in per), f"{sum(per):.2f}", f"{wall / thousands:.2f}")
+    table.print()
+
+
+if __name__ == "__main__":
+    cli.main(__doc__, measure)
