@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 from collections import defaultdict
 
-from bench.harness import cli
+from bench.harness import runner
 from bench.harness.cluster import LocalCluster
 from bench.harness.direct_driver import DirectDriver
 from bench.harness.inprocess_driver import InProcessDriver, build_engine
@@ -178,4 +178,4 @@ def print_yardstick(runs: Runs, ping_ms: list[float], ping_rates: dict[int, floa
 
 
 if __name__ == "__main__":
-    cli.main(__doc__, measure)
+    runner.main(__doc__, measure)

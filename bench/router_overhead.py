@@ -16,7 +16,7 @@ Run: ``python -m bench.router_overhead [--quick] [--threads N] [--profile-gatewa
 from __future__ import annotations
 
 from bench import lifecycles, rpc_latency, tokens
-from bench.harness import cli
+from bench.harness import runner
 
 if __name__ == "__main__":
-    cli.main(__doc__, lifecycles.measure, tokens.measure, rpc_latency.measure)
+    runner.main(__doc__, lifecycles.measure, tokens.measure, rpc_latency.measure)

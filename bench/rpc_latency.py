@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from functools import partial
 
-from bench.harness import cli
+from bench.harness import runner
 from bench.harness.cluster import LocalCluster
 from bench.harness.grpc_driver import GrpcDriver
 from bench.harness.load import sequential_ms
@@ -75,4 +75,4 @@ async def one_repetition(
 
 
 if __name__ == "__main__":
-    cli.main(__doc__, measure)
+    runner.main(__doc__, measure)

@@ -22,7 +22,7 @@ import argparse
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 
-from bench.harness import cli
+from bench.harness import runner
 from bench.harness.cluster import LocalCluster
 from bench.harness.cpu import CpuMeter
 from bench.harness.direct_driver import DirectDriver
@@ -109,4 +109,4 @@ def print_cpu(
 
 
 if __name__ == "__main__":
-    cli.main(__doc__, measure)
+    runner.main(__doc__, measure)

@@ -3,6 +3,7 @@
 - ``stats``: percentiles (``statistics.quantiles``) and min/median/max over repetitions.
 - ``report``: aligned tables, ratios, goals (met / not met).
 - ``cli``: the flags every benchmark takes (``--quick``, ``--repeats``, cluster flags).
+- ``runner``: the entry point of a benchmark on a local cluster (flags, cluster, goals).
 - ``workload``: the prompt, the lifecycle record and token rounds, shared by every driver.
 - ``window``: which lifecycles of a closed loop are measured, and their samples.
 - ``load``: closed-loop load, sequential latencies, calls/s at a fixed number in flight.

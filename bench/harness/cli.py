@@ -1,24 +1,14 @@
-"""The flags every benchmark takes, and the entry point of benchmarks that run on a local
-cluster: ``main(__doc__, measure)`` parses the flags, starts the cluster, runs ``measure`` (which
-prints its tables and returns its goals), prints the goals and stops the cluster.
-"""
+"""The flags every benchmark takes (``--quick``, ``--repeats``) and those of benchmarks on a
+local cluster (``--replicas``, ``--threads``, ``--max-sessions``, ``--profile-gateway``)."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import time
-from collections.abc import Awaitable, Callable, Sequence
-
-from bench.harness.cluster import LocalCluster, local_cluster
-from bench.harness.profile import GatewayProfile
-from bench.harness.report import Goal, print_goals
+from collections.abc import Sequence
 
 FULL_REPEATS = 3
 CLUSTER_MAX_CONTEXT = 512  # a benchmark session never holds more
 CLUSTER_KV_PER_SESSION = 128
-
-Measure = Callable[[LocalCluster, argparse.Namespace], Awaitable[list[Goal]]]
 
 
 def parser(doc: str, cluster: bool = False) -> argparse.ArgumentParser:
@@ -78,22 +68,3 @@ def cluster_flags(args: argparse.Namespace) -> dict[str, object]:
         "max_context": CLUSTER_MAX_CONTEXT,
         "page_size": 16,
     }
-
-
-async def run_on_cluster(args: argparse.Namespace, measures: Sequence[Measure]) -> list[Goal]:
-    profile = GatewayProfile(args.profile_gateway)
-    async with local_cluster(profile, **cluster_flags(args)) as cluster:
-        goals = []
-        for measure in measures:
-            goals += await measure(cluster, args)
-    profile.report()
-    return goals
-
-
-def main(doc: str, *measures: Measure) -> None:
-    """Entry point of a cluster benchmark (or several on one cluster)."""
-    args = parse(parser(doc, cluster=True))
-    t0 = time.perf_counter()
-    goals = asyncio.run(run_on_cluster(args, measures))
-    print_goals(goals)
-    print(f"\ntotal run time {time.perf_counter() - t0:.0f}s")
