@@ -5,8 +5,9 @@ child process -> gateway -> replica actor) vs ``get_session`` straight on the sa
 from this process; the difference of their p50s is what the gateway adds. Two floors, measured
 alongside: a ``grpc.health`` Check on the same channel (the gRPC round trip alone, Python gRPC at
 both ends of loopback, no actor call) and ``ping`` on the replica actor (an actor call that does
-no work). The gateway's own work is the added latency less the gRPC round trip. Goal: the
-gateway adds < 1 ms per RPC at p50.
+no work). The four calls alternate in blocks, so a change of load falls on all of them alike. The
+gateway's own work is the added latency less the gRPC round trip. Goal: the gateway adds < 1 ms
+per RPC at p50.
 
 Run: ``python -m bench.rpc_latency [--quick]``.
 """
@@ -24,6 +25,7 @@ from bench.harness.report import Goal, Table, number
 from bench.harness.stats import Spread, p50, p99
 
 GOAL_ADDED_MS = 1.0
+BLOCKS = 10
 CALLS = ("GetSession via gRPC", "get_session on the actor", "gRPC health Check", "actor ping")
 WHAT = {
     "GetSession via gRPC": "client -> gateway -> replica actor",
@@ -63,15 +65,22 @@ async def measure(cluster: LocalCluster, args: argparse.Namespace) -> list[Goal]
 async def one_repetition(
     cluster: LocalCluster, grpc: GrpcDriver, count: int
 ) -> dict[str, list[float]]:
-    """Latencies in ms of each call in ``CALLS``, on a session opened for this repetition."""
-    through = await grpc.rpc_latencies(count)
-    handle = cluster.server.replicas[through.replica_id]
+    """Latencies in ms of each call in ``CALLS`` on a session opened for this repetition, taken
+    in ``BLOCKS`` alternating blocks so that a change of load falls on every call alike."""
+    session_id, replica_id = await grpc.open_session()
+    handle = cluster.server.replicas[replica_id]
+    samples: dict[str, list[float]] = {call: [] for call in CALLS}
     try:
-        direct = await sequential_ms(partial(handle.get_session.remote, through.session_id), count)
+        for _ in range(BLOCKS):
+            through = await grpc.rpc_latencies(session_id, count // BLOCKS)
+            samples[CALLS[0]] += through.get_session_ms
+            samples[CALLS[2]] += through.health_ms
+            get_session = partial(handle.get_session.remote, session_id)
+            samples[CALLS[1]] += await sequential_ms(get_session, count // BLOCKS)
+            samples[CALLS[3]] += await sequential_ms(handle.ping.remote, count // BLOCKS)
     finally:
-        await grpc.close_session(through.session_id)
-    ping = await sequential_ms(handle.ping.remote, count)
-    return dict(zip(CALLS, (through.get_session_ms, direct, through.health_ms, ping)))
+        await grpc.close_session(session_id)
+    return samples
 
 
 if __name__ == "__main__":

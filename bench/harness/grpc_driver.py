@@ -22,10 +22,8 @@ from router.client import AsyncSessionClient
 class RpcLatencies:
     """Sequential unary calls through the gateway, in ms: ``GetSession`` (client -> gateway ->
     replica actor) and a ``grpc.health`` Check (the gRPC round trip alone, no actor call),
-    interleaved so both see the same conditions. ``session_id`` is still open."""
+    interleaved so both see the same conditions."""
 
-    session_id: str
-    replica_id: str
     get_session_ms: list[float]
     health_ms: list[float]
 
@@ -72,16 +70,17 @@ async def run_token_rounds(
     return result
 
 
-async def run_rpc_latencies(client: AsyncSessionClient, count: int) -> RpcLatencies:
+async def run_rpc_latencies(
+    client: AsyncSessionClient, session_id: str, count: int
+) -> RpcLatencies:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     from protos import session_router_pb2 as pb
 
-    session = await client.open()
     health = health_pb2_grpc.HealthStub(client.channel)
-    get_request = pb.GetSessionRequest(session_id=session.session_id)
+    get_request = pb.GetSessionRequest(session_id=session_id)
     health_request = health_pb2.HealthCheckRequest(service="")
-    result = RpcLatencies(session.session_id, session.replica_id, [], [])
+    result = RpcLatencies([], [])
     for i in range(count + count // 10):  # the first tenth warms up
         t0 = time.perf_counter()
         await client.sessions.GetSession(get_request, metadata=client.metadata)
@@ -92,6 +91,11 @@ async def run_rpc_latencies(client: AsyncSessionClient, count: int) -> RpcLatenc
             result.get_session_ms.append((t1 - t0) * 1e3)
             result.health_ms.append((t2 - t1) * 1e3)
     return result
+
+
+async def run_open(client: AsyncSessionClient) -> tuple[str, str]:
+    session = await client.open()
+    return session.session_id, session.replica_id
 
 
 async def run_close(client: AsyncSessionClient, session_id: str) -> bool:
@@ -134,9 +138,15 @@ class GrpcDriver:
                 run_token_rounds, sessions=sessions, new_tokens=new_tokens, rounds=rounds
             )
 
-    async def rpc_latencies(self, count: int) -> RpcLatencies:
+    async def rpc_latencies(self, session_id: str, count: int) -> RpcLatencies:
+        """``count`` GetSession calls on ``session_id`` and as many health checks, alternating,
+        after a tenth more of each that warm up."""
         with self.profile.during():
-            return await self.client.call(run_rpc_latencies, count=count)
+            return await self.client.call(run_rpc_latencies, session_id=session_id, count=count)
+
+    async def open_session(self) -> tuple[str, str]:
+        """Opens a session through the gateway: its id and the replica it is on."""
+        return await self.client.call(run_open)
 
     async def close_session(self, session_id: str) -> bool:
         return await self.client.call(run_close, session_id=session_id)
