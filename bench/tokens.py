@@ -52,7 +52,7 @@ async def measure(cluster: LocalCluster, args: argparse.Namespace) -> list[Goal]
         for group, seconds in CpuMeter.delta(before, cpu.sample()).items():
             used[path][group] += seconds
 
-    async def in_process() -> TokenRounds:  # blocks the event loop, as an engine step would
+    async def in_process() -> TokenRounds:  # on this thread: the event loop waits meanwhile
         return inproc.token_rounds(SESSIONS, NEW_TOKENS, rounds)
 
     try:
