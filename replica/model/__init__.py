@@ -1,8 +1,16 @@
-"""The Bamba hybrid model (Mamba2 + attention) over externally owned state buffers."""
+"""The hybrid SSM/attention model (Bamba, Granite-4.0-H, Nemotron-H, Falcon-H1, Qwen3-Next) over
+externally owned state buffers."""
 
-from replica.model.bamba import BambaModel
 from replica.model.buffers import LayerBuffers
-from replica.model.factory import TINY_BAMBA, build_tiny_bamba, init_weights, load
+from replica.model.factory import (
+    BUILTINS,
+    TINY_BAMBA,
+    build_tiny,
+    build_tiny_bamba,
+    init_weights,
+    load,
+)
+from replica.model.hybrid import BambaModel, HybridModel
 from replica.model.loader import (
     config_from_hf,
     hf_config,
@@ -13,13 +21,16 @@ from replica.model.loader import (
 from replica.model.tokenizer import ByteTokenizer, HFTokenizer, IncrementalDetokenizer, Tokenizer
 
 __all__ = [
+    "BUILTINS",
     "TINY_BAMBA",
     "BambaModel",
     "ByteTokenizer",
     "HFTokenizer",
+    "HybridModel",
     "IncrementalDetokenizer",
     "LayerBuffers",
     "Tokenizer",
+    "build_tiny",
     "build_tiny_bamba",
     "config_from_hf",
     "hf_config",

@@ -1,4 +1,4 @@
-"""Grouped-query attention with partial RoPE, its K/V living in token-slot buffers.
+"""Grouped-query attention with (partial) RoPE, its K/V living in token-slot buffers.
 
 Keys are stored after rotation, so a slot's K never changes once written. The attention math is
 written out (no fused kernel) so that its result for one query row does not depend on how many
@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from replica.model.config import ModelConfig
-from replica.model.layers import apply_rotary
+from replica.model.layers import RMSNorm, apply_rotary
 
 
 def gqa_attention(
@@ -34,35 +34,67 @@ def gqa_attention(
 
 
 class Attention(nn.Module):
-    """Bamba's attention layer; parameter names follow transformers' ``BambaAttention``."""
+    """Attention with its K/V in token-slot buffers; plain (Bamba, Granite, Nemotron-H, Falcon-H1)
+    or gated with per-head q/k norms (Qwen3-Next).
+
+    ``qkv_proj`` is transformers' ``q_proj``, ``k_proj`` and ``v_proj`` stacked (one matmul). With
+    ``attention_output_gate`` the query projection is twice as wide, each head's query followed by
+    its gate, and the output is multiplied by ``sigmoid(gate)`` before ``o_proj``. Keys are scaled
+    by Falcon-H1's key multiplier before rotation; ``cos``/``sin`` None means no rotary embedding.
+    """
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.n_heads = cfg.num_attention_heads
         self.n_kv_heads = cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
-        self.scale = self.head_dim**-0.5
+        self.scale = self.head_dim**-0.5 if cfg.attention_scale is None else cfg.attention_scale
+        self.output_gate = cfg.attention_output_gate
+        self.key_scale = cfg.multipliers.key
         hidden, bias = cfg.hidden_size, cfg.attention_bias
-        self.q_proj = nn.Linear(hidden, self.n_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(hidden, self.n_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(hidden, self.n_kv_heads * self.head_dim, bias=bias)
+        q_width = self.n_heads * self.head_dim * (2 if self.output_gate else 1)
+        self.split = [q_width, self.n_kv_heads * self.head_dim, self.n_kv_heads * self.head_dim]
+        self.qkv_proj = nn.Linear(hidden, sum(self.split), bias=bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, hidden, bias=bias)
+        self.q_norm = self.k_norm = None
+        if cfg.attention_qk_norm:
+            eps, offset = cfg.rms_norm_eps, cfg.norm_unit_offset
+            self.q_norm = RMSNorm(self.head_dim, eps, unit_offset=offset)
+            self.k_norm = RMSNorm(self.head_dim, eps, unit_offset=offset)
 
     def _qkv(
-        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self, h: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``h [rows, hidden]`` -> rotated ``q [rows, Hq, D]``, ``k``, ``v [rows, Hkv, D]`` and
+        the output gate ``[rows, Hq * D]`` (None without one)."""
         rows = h.shape[0]
-        q = self.q_proj(h).view(rows, self.n_heads, self.head_dim)
-        k = self.k_proj(h).view(rows, self.n_kv_heads, self.head_dim)
-        v = self.v_proj(h).view(rows, self.n_kv_heads, self.head_dim)
-        cos, sin = cos[:, None, :], sin[:, None, :]
-        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+        q, k, v = self.qkv_proj(h).split(self.split, dim=-1)
+        gate = None
+        if self.output_gate:
+            q, gate = q.view(rows, self.n_heads, 2 * self.head_dim).chunk(2, dim=-1)
+            gate = gate.reshape(rows, -1)
+        q = q.reshape(rows, self.n_heads, self.head_dim)
+        k = k.view(rows, self.n_kv_heads, self.head_dim)
+        v = v.view(rows, self.n_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.key_scale != 1.0:
+            k = k * self.key_scale
+        if cos is not None:
+            cos, sin = cos[:, None, :], sin[:, None, :]
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        return q, k, v, gate
+
+    def _out(self, out: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
+        return self.o_proj(out)
 
     def extend(
         self,
         h: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        cos: torch.Tensor | None,
+        sin: torch.Tensor | None,
         k_buf: torch.Tensor,
         v_buf: torch.Tensor,
         kv_slots: torch.Tensor,
@@ -77,7 +109,9 @@ class Attention(nn.Module):
         tokens in row-major order (written here), ``valid [B, L, T]`` which keys each query sees.
         """
         batch, length = h.shape[:2]
-        q, k, v = self._qkv(h.reshape(batch * length, -1), cos.flatten(0, 1), sin.flatten(0, 1))
+        flat_cos = None if cos is None else cos.flatten(0, 1)
+        flat_sin = None if sin is None else sin.flatten(0, 1)
+        q, k, v, gate = self._qkv(h.reshape(batch * length, -1), flat_cos, flat_sin)
         flat_real = real.reshape(-1)
         k_buf[new_slots] = k[flat_real].to(k_buf.dtype)
         v_buf[new_slots] = v[flat_real].to(v_buf.dtype)
@@ -87,13 +121,14 @@ class Attention(nn.Module):
         values = v_buf.index_select(0, flat).view(shape).to(q.dtype).permute(0, 2, 1, 3)
         q = q.view(batch, length, self.n_heads, self.head_dim).permute(0, 2, 1, 3)
         out = gqa_attention(q, keys, values, valid, self.scale)  # [B, Hq, L, D]
-        return self.o_proj(out.permute(0, 2, 1, 3).reshape(batch, length, -1))
+        out = out.permute(0, 2, 1, 3).reshape(batch * length, -1)
+        return self._out(out, gate).view(batch, length, -1)
 
     def decode(
         self,
         h: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        cos: torch.Tensor | None,
+        sin: torch.Tensor | None,
         k_buf: torch.Tensor,
         v_buf: torch.Tensor,
         kv_slots: torch.Tensor,
@@ -106,7 +141,7 @@ class Attention(nn.Module):
         the slots of the new tokens (written here), ``valid [B, T]`` which keys each row sees.
         """
         batch = h.shape[0]
-        q, k, v = self._qkv(h, cos, sin)
+        q, k, v, gate = self._qkv(h, cos, sin)
         k_buf[new_slots] = k.to(k_buf.dtype)
         v_buf[new_slots] = v.to(v_buf.dtype)
         # index_select of the flattened slots: several times faster than advanced indexing
@@ -115,4 +150,4 @@ class Attention(nn.Module):
         keys = k_buf.index_select(0, flat).view(shape).to(q.dtype).permute(0, 2, 1, 3)
         values = v_buf.index_select(0, flat).view(shape).to(q.dtype).permute(0, 2, 1, 3)
         out = gqa_attention(q[:, :, None, :], keys, values, valid[:, None, :], self.scale)
-        return self.o_proj(out.reshape(batch, -1))
+        return self._out(out.reshape(batch, -1), gate)

@@ -16,12 +16,13 @@ from replica.model.config import ModelConfig
 class LayerBuffers(NamedTuple):
     """State tensors of every layer, in layer order within each kind.
 
-    * ``conv[i]``: ``[mamba_slots, conv_dim, d_conv - 1]``, the last ``d_conv - 1`` inputs of the
-      causal conv1d of the ``i``-th mamba layer (``i`` counts mamba layers only, so it is the
-      ordinal in ``ModelConfig.mamba_layer_indices``, not the layer index).
-    * ``ssm[i]``: ``[mamba_slots, mamba_n_heads, mamba_d_head, mamba_d_state]``, its SSM state.
+    * ``conv[i]``: ``[mamba_slots, *conv_state_shape]``, the last ``k - 1`` inputs of the causal
+      conv1d of the ``i``-th layer with a recurrent mixer (Mamba2 or gated DeltaNet; ``i`` counts
+      those layers only, so it is the ordinal in ``ModelConfig.mamba_layer_indices``).
+    * ``ssm[i]``: ``[mamba_slots, *ssm_state_shape]``, its temporal state (Mamba2's SSM state
+      ``[heads, head_dim, d_state]`` or DeltaNet's recurrent matrix ``[heads, k_dim, v_dim]``).
     * ``k[j]``, ``v[j]``: ``[kv_token_slots, num_key_value_heads, head_dim]``, the rotated keys
-      and the values of the ``j``-th attention layer, one row per token slot.
+      and the values of the ``j``-th layer with attention, one row per token slot.
 
     The model casts on the way in and out, so the state dtypes may differ from the model's dtype
     (float32 SSM state with a bfloat16 model is the intended use).

@@ -1,6 +1,6 @@
-"""Small building blocks of the Bamba model: RMSNorm, gated RMSNorm, gated MLP and partial RoPE.
+"""Small building blocks of the hybrid model: RMSNorm, gated RMSNorm and partial RoPE.
 
-The numerics follow transformers' ``modeling_bamba`` (normalisation in float32, weight applied after
+The numerics follow transformers' modeling files (normalisation in float32, weight applied after
 casting back to the input dtype; RoPE angles in float32).
 """
 
@@ -12,54 +12,57 @@ from torch import nn
 
 
 class RMSNorm(nn.Module):
-    """``weight * x / sqrt(mean(x^2) + eps)`` over the last dimension."""
+    """``weight * x / sqrt(mean(x^2) + eps)`` over the last dimension.
 
-    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+    With ``unit_offset`` the scale is ``1 + weight`` and applied in float32 (Qwen3-Next, whose
+    norms are stored centred on zero).
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, unit_offset: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
+        self.unit_offset = unit_offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.unit_offset:
+            return (h * (1.0 + self.weight.float())).to(dtype)
         return self.weight * h.to(dtype)
 
 
 class GatedRMSNorm(nn.Module):
-    """RMSNorm of ``x * silu(gate)``, normalised separately over groups of ``group_size`` channels.
+    """RMSNorm over groups of ``group_size`` channels, gated by ``silu(gate)``; float32 inside.
 
-    Computed in float32; the result is ``weight * normed.to(x.dtype)``.
+    ``norm_before_gate`` False: normalise ``x * silu(gate)`` (Mamba2 of Bamba, Granite,
+    Nemotron-H); True: normalise ``x``, then multiply by ``silu(gate)`` (Falcon-H1's option, and
+    the gated DeltaNet with one group per value head).
     """
 
-    def __init__(self, hidden_size: int, group_size: int, eps: float = 1e-6) -> None:
+    def __init__(
+        self, hidden_size: int, group_size: int, eps: float = 1e-6, norm_before_gate: bool = False
+    ) -> None:
         super().__init__()
         if hidden_size % group_size:
             raise ValueError(f"group_size {group_size} must divide hidden_size {hidden_size}")
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.group_size = group_size
         self.eps = eps
+        self.norm_before_gate = norm_before_gate
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
-        h = x.float() * F.silu(gate.float())
+        h = x.float()
+        g = F.silu(gate.float())
+        if not self.norm_before_gate:
+            h = h * g
         *prefix, last = h.shape
-        g = h.view(*prefix, last // self.group_size, self.group_size)
-        g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * g.view(*prefix, last).to(dtype)
-
-
-class GatedMLP(nn.Module):
-    """``down(silu(gate(x)) * up(x))`` (SwiGLU)."""
-
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        grouped = h.view(*prefix, last // self.group_size, self.group_size)
+        grouped = grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + self.eps)
+        h = self.weight * grouped.view(*prefix, last).to(dtype)
+        return (h * g).to(dtype) if self.norm_before_gate else h
 
 
 class RotaryEmbedding:

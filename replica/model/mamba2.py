@@ -1,26 +1,34 @@
-"""The Mamba2 mixer of Bamba, with its conv and SSM state in externally owned slot buffers.
+"""The Mamba2 mixer, with its conv and SSM state in externally owned slot buffers.
 
 Two paths. :meth:`Mamba2Mixer.extend` runs a batch of right-padded chunks (one per sequence) with
 the chunked SSD algorithm from the state in each sequence's slot: padding is made inert (its
 ``dt`` is 0, so it adds no input and no decay; the conv is causal) and each row's final conv state
 is read at its own last real positions. :meth:`Mamba2Mixer.decode` runs one token of each of a
 batch of sequences with the single-step recurrence, gathering and scattering states by slot.
-The SSM runs in float32 whatever the model dtype.
+The SSM runs in float32 whatever the model dtype; on CUDA, mamba-ssm's kernels when installed.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from replica.model import kernels
 from replica.model.config import ModelConfig
+from replica.model.conv import conv_extend, conv_step
 from replica.model.layers import GatedRMSNorm
 from replica.model.ssd import expand_groups, ssd_chunk_scan
 
 
 class Mamba2Mixer(nn.Module):
-    """Bamba's Mamba2 mixer; parameter names follow transformers' ``BambaMixer``."""
+    """Parameter names follow transformers' Mamba2 mixers (``BambaMixer`` and its kin).
+
+    The output meets the gate ``z`` as ``cfg.mamba_norm`` says; Falcon-H1's projection
+    multipliers (``cfg.multipliers.ssm_projection``) scale the sections of ``in_proj``'s output.
+    """
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -28,18 +36,14 @@ class Mamba2Mixer(nn.Module):
         self.head_dim = cfg.mamba_d_head
         self.n_groups = cfg.mamba_n_groups
         self.d_state = cfg.mamba_d_state
-        self.d_conv = cfg.mamba_d_conv
         self.chunk_size = cfg.mamba_chunk_size
         self.intermediate = cfg.mamba_intermediate_size
         self.conv_dim = cfg.conv_dim
         lo, hi = cfg.time_step_limit
         self.dt_limit = None if (lo, hi) == (0.0, float("inf")) else (lo, hi)
-        if cfg.mamba_expand * cfg.hidden_size != self.intermediate:
-            raise ValueError(
-                f"mamba_expand * hidden_size ({cfg.mamba_expand * cfg.hidden_size}) must equal "
-                f"mamba_n_heads * mamba_d_head ({self.intermediate})"
-            )
-        proj = self.intermediate + self.conv_dim + self.n_heads
+        gs = self.n_groups * self.d_state
+        self.sections = [self.intermediate, self.intermediate, gs, gs, self.n_heads]
+        proj = sum(self.sections)
         self.in_proj = nn.Linear(cfg.hidden_size, proj, bias=cfg.mamba_proj_bias)
         self.conv1d = nn.Conv1d(
             self.conv_dim,
@@ -49,12 +53,38 @@ class Mamba2Mixer(nn.Module):
             bias=cfg.mamba_conv_bias,
         )
         self.dt_bias = nn.Parameter(torch.ones(self.n_heads))
-        self.A_log = nn.Parameter(torch.log(torch.arange(1, self.n_heads + 1, dtype=torch.float)))
+        self.A_log = nn.Parameter(torch.zeros(self.n_heads))
         self.D = nn.Parameter(torch.ones(self.n_heads))
-        self.norm = GatedRMSNorm(
-            self.intermediate, self.intermediate // self.n_groups, eps=cfg.rms_norm_eps
-        )
-        self.out_proj = nn.Linear(self.intermediate, cfg.hidden_size, bias=cfg.mamba_proj_bias)
+        self.norm = None
+        if cfg.mamba_norm != "gate":
+            group = self.intermediate // self.n_groups
+            before = cfg.mamba_norm == "norm_then_gate"
+            self.norm = GatedRMSNorm(self.intermediate, group, cfg.rms_norm_eps, before)
+        self.out_proj = nn.Linear(self.intermediate, cfg.hidden_size, bias=cfg.mamba_out_proj_bias)
+        # Falcon-H1's muP vector, built per device on first use (like transformers', float32)
+        scales = cfg.multipliers.ssm_projection
+        self.proj_scales = None if all(s == 1.0 for s in scales) else scales
+        self._proj_scale: torch.Tensor | None = None
+
+    def init_dynamics(self) -> None:
+        """The usual Mamba2 init: ``A = -(1..n_heads)``, ``D = 1``, time steps log-spaced in
+        [0.001, 0.1] (``dt_bias`` their inverse softplus)."""
+        n = self.n_heads
+        with torch.no_grad():
+            self.A_log.copy_(torch.log(torch.arange(1, n + 1, dtype=torch.float32)))
+            self.D.fill_(1.0)
+            dt = torch.exp(torch.linspace(math.log(1e-3), math.log(1e-1), n))
+            self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+
+    def _project(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        zxbcdt = self.in_proj(h)
+        if self.proj_scales is not None:
+            if self._proj_scale is None or self._proj_scale.device != h.device:
+                sizes = torch.tensor(self.sections)
+                scale = torch.tensor(self.proj_scales).repeat_interleave(sizes)
+                self._proj_scale = scale.to(h.device)
+            zxbcdt = zxbcdt * self._proj_scale
+        return zxbcdt.split([self.intermediate, self.conv_dim, self.n_heads], dim=-1)
 
     def _dt(self, dt: torch.Tensor) -> torch.Tensor:
         dt = F.softplus(dt.float() + self.dt_bias.float())
@@ -62,12 +92,19 @@ class Mamba2Mixer(nn.Module):
             dt = dt.clamp(self.dt_limit[0], self.dt_limit[1])
         return dt
 
+    def _out(self, y: torch.Tensor, gate: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        if self.norm is None:
+            y = y * F.silu(gate.float())
+        else:
+            y = self.norm(y, gate)
+        return self.out_proj(y.to(dtype))
+
     def extend(
         self,
         h: torch.Tensor,
-        lengths: torch.Tensor,
         conv_buf: torch.Tensor,
         ssm_buf: torch.Tensor,
+        lengths: torch.Tensor,
         slots: torch.Tensor,
         fresh: torch.Tensor,
     ) -> torch.Tensor:
@@ -78,43 +115,27 @@ class Mamba2Mixer(nn.Module):
         back into its slot. Outputs at padded positions are meaningless.
         """
         batch, length, _ = h.shape
-        k1 = self.d_conv - 1
-        gate, xbc, dt = self.in_proj(h).split(
-            [self.intermediate, self.conv_dim, self.n_heads], dim=-1
+        gate, xbc, dt = self._project(h)
+        xbc = conv_extend(
+            xbc, lengths, conv_buf, slots, fresh, self.conv1d.weight, self.conv1d.bias
         )
-        real = torch.arange(length, device=h.device)[None, :] < lengths[:, None]  # [B, L]
-
-        prev = conv_buf.index_select(0, slots).to(xbc.dtype)  # [B, conv_dim, k1]
-        prev = torch.where(fresh[:, None, None], torch.zeros_like(prev), prev)
-        window = torch.cat([prev, xbc.transpose(1, 2)], dim=-1)  # [B, conv_dim, k1 + L]
-        # the last k1 inputs of row b end at its last real token: window[:, :, len_b : len_b + k1]
-        idx = lengths[:, None] + torch.arange(k1, device=h.device)[None, :]  # [B, k1]
-        last = window.gather(2, idx[:, None, :].expand(batch, self.conv_dim, k1))
-        conv_buf[slots] = last.to(conv_buf.dtype)
-        w = self.conv1d.weight
-        xbc = F.conv1d(window.to(w.dtype), w, self.conv1d.bias, groups=self.conv_dim)
-        xbc = F.silu(xbc).transpose(1, 2).to(h.dtype)  # [B, L, conv_dim]
-
         gs = self.n_groups * self.d_state
         x, B, C = xbc.split([self.intermediate, gs, gs], dim=-1)
         A = -torch.exp(self.A_log.float())
         x = x.reshape(batch, length, self.n_heads, self.head_dim)
+        B = B.reshape(batch, length, self.n_groups, self.d_state)
+        C = C.reshape(batch, length, self.n_groups, self.d_state)
+        real = torch.arange(length, device=h.device)[None, :] < lengths[:, None]  # [B, L]
         dt = torch.where(real[..., None], self._dt(dt), 0.0)  # padding: no input, no decay
         init = ssm_buf.index_select(0, slots).float()
         init = torch.where(fresh[:, None, None, None], torch.zeros_like(init), init)
-        y, final = ssd_chunk_scan(
-            x,
-            dt,
-            A,
-            B.reshape(batch, length, self.n_groups, self.d_state),
-            C.reshape(batch, length, self.n_groups, self.d_state),
-            self.chunk_size,
-            init,
-        )
+        if kernels.mamba_ssm(h):
+            y, final = kernels.mamba_chunk_scan(x, dt, A, B, C, self.chunk_size, init)
+        else:
+            y, final = ssd_chunk_scan(x, dt, A, B, C, self.chunk_size, init)
         ssm_buf[slots] = final.to(ssm_buf.dtype)
         y = y + self.D.float()[:, None] * x.float()
-        y = self.norm(y.reshape(batch, length, self.intermediate), gate)
-        return self.out_proj(y.to(h.dtype))
+        return self._out(y.reshape(batch, length, self.intermediate), gate, h.dtype)
 
     def decode(
         self,
@@ -129,27 +150,23 @@ class Mamba2Mixer(nn.Module):
         does not depend on the other rows.
         """
         batch = h.shape[0]
-        gate, xbc, dt = self.in_proj(h).split(
-            [self.intermediate, self.conv_dim, self.n_heads], dim=-1
-        )
-        w = self.conv1d.weight[:, 0, :]  # [conv_dim, d_conv]
-        window = torch.cat([conv_buf.index_select(0, slots).to(xbc.dtype), xbc[:, :, None]], -1)
-        conv_buf[slots] = window[:, :, 1:].to(conv_buf.dtype)
-        xbc = (window.to(w.dtype) * w).sum(-1)
-        if self.conv1d.bias is not None:
-            xbc = xbc + self.conv1d.bias
-        xbc = F.silu(xbc).to(h.dtype)
-
+        gate, xbc, dt = self._project(h)
+        xbc = conv_step(xbc, conv_buf, slots, self.conv1d.weight, self.conv1d.bias)
         gs = self.n_groups * self.d_state
         x, B, C = xbc.split([self.intermediate, gs, gs], dim=-1)
         x = x.float().reshape(batch, self.n_heads, self.head_dim)
-        B = expand_groups(B.float().reshape(batch, self.n_groups, self.d_state), self.n_heads)
-        C = expand_groups(C.float().reshape(batch, self.n_groups, self.d_state), self.n_heads)
+        B = B.float().reshape(batch, self.n_groups, self.d_state)
+        C = C.float().reshape(batch, self.n_groups, self.d_state)
         dt = self._dt(dt)  # [B, h]
-        dA = torch.exp(dt * -torch.exp(self.A_log.float()))
+        A = -torch.exp(self.A_log.float())
         state = ssm_buf.index_select(0, slots).float()  # [B, h, p, n]
-        state = state * dA[:, :, None, None] + (dt[:, :, None] * x)[..., None] * B[:, :, None, :]
+        if kernels.mamba_ssm(h):
+            y = kernels.selective_state_update(state, x, dt, A, B, C)
+        else:
+            B, C = expand_groups(B, self.n_heads), expand_groups(C, self.n_heads)
+            dA = torch.exp(dt * A)
+            state = state * dA[:, :, None, None] + (dt[:, :, None] * x)[..., None] * B[:, :, None]
+            y = torch.matmul(state, C[..., None])[..., 0]
         ssm_buf[slots] = state.to(ssm_buf.dtype)
-        y = torch.matmul(state, C[..., None])[..., 0] + self.D.float()[:, None] * x
-        y = self.norm(y.reshape(batch, self.intermediate), gate)
-        return self.out_proj(y.to(h.dtype))
+        y = y + self.D.float()[:, None] * x
+        return self._out(y.reshape(batch, self.intermediate), gate, h.dtype)

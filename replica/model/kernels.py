@@ -1,0 +1,151 @@
+"""Fused CUDA kernels for the recurrent mixers, used when installed (the ``cuda-kernels`` extra).
+
+mamba-ssm (SSD chunk scan, selective state update), causal-conv1d and flash-linear-attention
+(gated delta rule). Each ``<package>(t)`` test says whether its kernels serve tensor ``t``: on
+CUDA, package importable, and kernels not switched off with :func:`disabled` (how the GPU tests
+run the PyTorch reference path on the same device). The PyTorch code in the mixers is the
+reference these kernels are tested against (tests/gpu/).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Iterator
+from functools import cache
+
+import torch
+
+_enabled = True
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Run the PyTorch path even where kernels are installed."""
+    global _enabled
+    before, _enabled = _enabled, False
+    try:
+        yield
+    finally:
+        _enabled = before
+
+
+@cache
+def _module(name: str):
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+def _serves(t: torch.Tensor, module: str) -> bool:
+    return _enabled and t.is_cuda and _module(module) is not None
+
+
+def causal_conv1d(t: torch.Tensor) -> bool:
+    return _serves(t, "causal_conv1d")
+
+
+def mamba_ssm(t: torch.Tensor) -> bool:
+    return _serves(t, "mamba_ssm.ops.triton.ssd_combined")
+
+
+def fla(t: torch.Tensor) -> bool:
+    return _serves(t, "fla.ops.gated_delta_rule")
+
+
+def causal_conv1d_fn(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """``silu(causal conv)`` of ``x [B, C, L]`` (zero history), ``weight [C, k]``."""
+    return _module("causal_conv1d").causal_conv1d_fn(
+        x.contiguous(), weight, bias, activation="silu"
+    )
+
+
+def causal_conv1d_update(
+    x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """One step ``x [B, C]`` with ``state [B, C, k-1]`` (updated in place)."""
+    return _module("causal_conv1d").causal_conv1d_update(x, state, weight, bias, activation="silu")
+
+
+def mamba_chunk_scan(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    chunk_size: int,
+    initial_state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`replica.model.ssd.ssd_chunk_scan` by mamba-ssm (``dt`` already final, no ``D``)."""
+    scan = _module("mamba_ssm.ops.triton.ssd_combined").mamba_chunk_scan_combined
+    y, final = scan(
+        x.contiguous(),
+        dt.contiguous(),
+        A,
+        B.contiguous(),
+        C.contiguous(),
+        chunk_size,
+        initial_states=initial_state.contiguous(),
+        return_final_states=True,
+    )
+    return y.float(), final.float()
+
+
+def selective_state_update(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+) -> torch.Tensor:
+    """One Mamba2 step per row, ``state [B, h, p, n]`` updated in place; ``y`` without ``D``.
+
+    ``x [B, h, p]``, ``dt [B, h]`` (final), ``A [h]``, ``B``/``C [B, g, n]``.
+    """
+    update = _module("mamba_ssm.ops.triton.selective_state_update").selective_state_update
+    p, n = x.shape[-1], state.shape[-1]
+    return update(
+        state,
+        x,
+        dt[..., None].expand(-1, -1, p),
+        A[:, None, None].expand(-1, p, n),
+        B,
+        C,
+    )
+
+
+def chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`replica.model.delta_rule.chunk_gated_delta_rule` by flash-linear-attention."""
+    rule = _module("fla.ops.gated_delta_rule").chunk_gated_delta_rule
+    out, final = rule(
+        q, k, v, g, beta, scale=1.0, initial_state=initial_state, output_final_state=True
+    )
+    return out.float(), final.float()
+
+
+def recurrent_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`replica.model.delta_rule.gated_delta_step` by flash-linear-attention."""
+    rule = _module("fla.ops.gated_delta_rule").fused_recurrent_gated_delta_rule
+    out, final = rule(
+        q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None],
+        scale=1.0, initial_state=initial_state, output_final_state=True,
+    )  # fmt: skip
+    return out[:, 0].float(), final.float()
