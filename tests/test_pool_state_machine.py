@@ -3,7 +3,8 @@ pool, mamba and row allocation and frees (valid and invalid), checked against a 
 
 After every step: no KV slot is owned by two sequences, every sequence's positions map into
 pages it owns, the free counts equal capacity minus what the model says is held, and the
-allocators' own integrity checks pass. Runs for page sizes 1 and 16.
+allocators' own integrity checks pass. Runs for page sizes 1 and 16, and for both shapes of
+recurrent state (Mamba2, gated DeltaNet).
 """
 
 from __future__ import annotations
@@ -16,15 +17,20 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from replica.api import PoolExhaustedError, SlotStateError
 from replica.pools.kv_pool import pages_for
-from tests.support.pools import make_pools
+from tests.support.pools import STATE_MODELS, make_pools
 
 
-def make_machine(page_size: int):
+def make_machine(page_size: int, model):
     class PoolMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
             self.pool, _, _ = make_pools(
-                max_sessions=6, kv_tokens=128, page_size=page_size, track=1, max_context=64
+                max_sessions=6,
+                kv_tokens=128,
+                page_size=page_size,
+                track=1,
+                max_context=64,
+                model=model,
             )
             self.seqs: dict = {}  # SeqSlots -> length (positions with KV slots)
             self.freed: list = []  # sequences already freed (for double-free attempts)
@@ -107,8 +113,9 @@ def make_machine(page_size: int):
     return PoolMachine
 
 
+@pytest.mark.parametrize("state", sorted(STATE_MODELS))
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_pool_state_machine(page_size):
-    machine = make_machine(page_size)
+def test_pool_state_machine(page_size, state):
+    machine = make_machine(page_size, STATE_MODELS[state])
     machine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
     machine.TestCase().runTest()

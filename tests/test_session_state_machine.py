@@ -25,17 +25,28 @@ from hypothesis.stateful import (
 
 from replica.api import PoolExhaustedError, SessionNotFoundError, TurnRunningError
 from replica.sessions.request import Req
-from tests.support.pools import assert_all_free, assert_consistent, grow, make_pools
+from tests.support.pools import (
+    STATE_MODELS,
+    assert_all_free,
+    assert_consistent,
+    grow,
+    make_pools,
+)
 
 
-def make_machine(page_size: int, track: int):
+def make_machine(page_size: int, track: int, model):
     class SessionMachine(RuleBasedStateMachine):
         sids = Bundle("sids")
 
         def __init__(self) -> None:
             super().__init__()
             self.pool, self.sessions, self.clock = make_pools(
-                max_sessions=4, kv_tokens=160, page_size=page_size, track=track, max_context=96
+                max_sessions=4,
+                kv_tokens=160,
+                page_size=page_size,
+                track=track,
+                max_context=96,
+                model=model,
             )
             self.running: dict[str, Req] = {}
             self.marker: dict[str, float] = {}  # the mamba state each idle session must hold
@@ -161,9 +172,10 @@ def make_machine(page_size: int, track: int):
     return SessionMachine
 
 
+@pytest.mark.parametrize("state", sorted(STATE_MODELS))
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("track", [0, 1, 2])
-def test_session_state_machine(page_size, track):
-    machine = make_machine(page_size, track)
+def test_session_state_machine(page_size, track, state):
+    machine = make_machine(page_size, track, STATE_MODELS[state])
     machine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
     machine.TestCase().runTest()

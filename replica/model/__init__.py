@@ -9,6 +9,7 @@ from replica.model.factory import (
     build_tiny_bamba,
     init_weights,
     load,
+    tiny_config,
 )
 from replica.model.hybrid import BambaModel, HybridModel
 from replica.model.loader import (
@@ -39,4 +40,5 @@ __all__ = [
     "load_model",
     "load_weights",
     "save_checkpoint",
+    "tiny_config",
 ]

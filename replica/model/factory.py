@@ -59,15 +59,20 @@ def init_weights(model: HybridModel, seed: int = 0, linear_std: float = 0.1) -> 
             model.lm_head.weight = model.embed_tokens.weight
 
 
-def build_tiny(name: str, seed: int = 0) -> tuple[ModelConfig, HybridModel, ByteTokenizer]:
-    """The built-in ``name`` (see ``BUILTINS``): its family's tiny config, fixed-seed random
-    weights and a byte tokenizer. Float32 on the CPU, in eval mode; move it with ``.to()``."""
+def tiny_config(name: str) -> ModelConfig:
+    """The :class:`ModelConfig` of the built-in ``name`` (see ``BUILTINS``)."""
     if name not in BUILTINS:
         raise ValueError(
             f"unknown model {name!r}; built-ins: {', '.join(BUILTINS)} (or give a model path)"
         )
     family = FAMILIES[BUILTINS[name]]
-    cfg = family.config_from_hf(family.tiny)
+    return family.config_from_hf(family.tiny)
+
+
+def build_tiny(name: str, seed: int = 0) -> tuple[ModelConfig, HybridModel, ByteTokenizer]:
+    """The built-in ``name``: its family's tiny config, fixed-seed random weights and a byte
+    tokenizer. Float32 on the CPU, in eval mode; move it with ``.to()``."""
+    cfg = tiny_config(name)
     model = HybridModel(cfg)
     init_weights(model, seed)
     model.eval()

@@ -7,12 +7,16 @@ from collections.abc import Iterable
 from replica.accounting import InvariantChecker, count_pools
 from replica.api import PoolSnapshot
 from replica.config import PoolConfig
+from replica.model import tiny_config
 from replica.model.config import ModelConfig
 from replica.pools.hybrid_pool import HybridReqToTokenPool
 from replica.sessions.request import Req
 from replica.sessions.session import StreamingSession
 
 TINY_MODEL = ModelConfig()
+# The two shapes of recurrent state the mamba pool holds: Mamba2's conv + SSM state (tiny-bamba)
+# and the gated DeltaNet's conv + recurrent matrix (tiny-qwen3-next).
+STATE_MODELS = {"mamba2": TINY_MODEL, "deltanet": tiny_config("tiny-qwen3-next")}
 
 
 class FakeClock:
@@ -30,6 +34,7 @@ def make_pools(
     track: int = 1,
     max_context: int = 256,
     idle_timeout_s: float = 60.0,
+    model: ModelConfig = TINY_MODEL,
 ):
     cfg = PoolConfig(
         max_sessions=max_sessions,
@@ -38,7 +43,7 @@ def make_pools(
         mamba_track_buffers=track,
         max_context=max_context,
     )
-    pool = HybridReqToTokenPool(TINY_MODEL, cfg)
+    pool = HybridReqToTokenPool(model, cfg)
     clock = FakeClock()
     sessions = StreamingSession(pool, idle_timeout_s=idle_timeout_s, clock=clock)
     return pool, sessions, clock
