@@ -1,13 +1,15 @@
 """Grouped-query attention with (partial) RoPE, its K/V living in token-slot buffers.
 
-Keys are stored after rotation, so a slot's K never changes once written. The attention math is
-written out (no fused kernel) so that its result for one query row does not depend on how many
-other rows or padded keys share the call beyond float rounding.
+Keys are stored after rotation, so a slot's K never changes once written. Each call gathers the
+K/V of its rows' positions by slot and runs PyTorch's fused scaled-dot-product attention with a
+boolean mask; rows are independent, so one row's result does not depend on the other rows or on
+how many padded keys share the call beyond float rounding.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from replica.model.config import ModelConfig
@@ -19,18 +21,13 @@ def gqa_attention(
 ) -> torch.Tensor:
     """Softmax attention with grouped KV heads.
 
-    ``q [N, Hq, Lq, D]``, ``k``/``v [N, Hkv, T, D]``, ``valid [N, Lq, T]`` (bool, True where the
-    query may attend; every query row needs at least one). Query head ``h`` uses KV head
-    ``h // (Hq / Hkv)``. Returns ``[N, Hq, Lq, D]``.
+    ``q [N, Hq, Lq, D]``, ``k``/``v [N, Hkv, T, D]`` (may be strided views), ``valid [N, Lq, T]``
+    (bool, True where the query may attend; every query row needs at least one). Query head ``h``
+    uses KV head ``h // (Hq / Hkv)``. Returns ``[N, Hq, Lq, D]``.
     """
-    n, hq, lq, d = q.shape
-    hkv, t = k.shape[1], k.shape[2]
-    rep = hq // hkv
-    scores = torch.matmul(q.reshape(n, hkv, rep * lq, d), k.transpose(-1, -2)) * scale
-    scores = scores.view(n, hkv, rep, lq, t).masked_fill(~valid[:, None, None], -torch.inf)
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
-    out = torch.matmul(probs.view(n, hkv, rep * lq, t), v)
-    return out.view(n, hq, lq, d)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=valid[:, None], scale=scale, enable_gqa=True
+    )
 
 
 class Attention(nn.Module):

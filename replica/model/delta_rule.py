@@ -78,9 +78,10 @@ def gated_delta_step(
     state: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row: ``q``/``k [b, h, dk]``, ``v [b, h, dv]``, ``g``/``beta [b, h]``,
-    ``state [b, h, dk, dv]``. Returns ``o [b, h, dv]`` and the new state."""
-    state = state * g.exp()[..., None, None]
-    predicted = (state * k[..., None]).sum(-2)  # S^T k
+    ``state [b, h, dk, dv]`` (updated in place). Returns ``o [b, h, dv]`` and the state."""
+    b, h, dk, dv = state.shape
+    flat = state.mul_(g.exp()[..., None, None]).view(b * h, dk, dv)
+    predicted = torch.bmm(k.reshape(b * h, 1, dk), flat).view(b, h, dv)  # S^T k
     delta = (v - predicted) * beta[..., None]
-    state = state + k[..., None] * delta[..., None, :]
-    return (state * q[..., None]).sum(-2), state
+    flat.baddbmm_(k.reshape(b * h, dk, 1), delta.reshape(b * h, 1, dv))
+    return torch.bmm(q.reshape(b * h, 1, dk), flat).view(b, h, dv), state

@@ -109,7 +109,7 @@ class GatedDeltaNet(nn.Module):
             o, final = kernels.chunk_gated_delta_rule(q, k, v, g, beta, init)
         else:
             o, final = chunk_gated_delta_rule(q, k, v, g, beta, self.cfg.chunk_size, init)
-        state_buf[slots] = final.to(state_buf.dtype)
+        state_buf.index_copy_(0, slots, final.to(state_buf.dtype))
         return self._out(o, z, h.dtype)
 
     def decode(
@@ -119,10 +119,10 @@ class GatedDeltaNet(nn.Module):
         mixed, z, beta, g = self._inputs(h)
         mixed = conv_step(mixed, conv_buf, slots, self.conv1d.weight, None)
         q, k, v = self._qkv(mixed)
-        state = state_buf.index_select(0, slots).float()
+        state = state_buf.index_select(0, slots).float()  # a copy, updated in place
         if kernels.fla(h):
             o, state = kernels.recurrent_gated_delta_rule(q, k, v, g, beta, state)
         else:
             o, state = gated_delta_step(q, k, v, g, beta, state)
-        state_buf[slots] = state.to(state_buf.dtype)
+        state_buf.index_copy_(0, slots, state.to(state_buf.dtype))
         return self._out(o, z, h.dtype)

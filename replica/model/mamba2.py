@@ -133,7 +133,7 @@ class Mamba2Mixer(nn.Module):
             y, final = kernels.mamba_chunk_scan(x, dt, A, B, C, self.chunk_size, init)
         else:
             y, final = ssd_chunk_scan(x, dt, A, B, C, self.chunk_size, init)
-        ssm_buf[slots] = final.to(ssm_buf.dtype)
+        ssm_buf.index_copy_(0, slots, final.to(ssm_buf.dtype))
         y = y + self.D.float()[:, None] * x.float()
         return self._out(y.reshape(batch, length, self.intermediate), gate, h.dtype)
 
@@ -159,14 +159,17 @@ class Mamba2Mixer(nn.Module):
         C = C.float().reshape(batch, self.n_groups, self.d_state)
         dt = self._dt(dt)  # [B, h]
         A = -torch.exp(self.A_log.float())
-        state = ssm_buf.index_select(0, slots).float()  # [B, h, p, n]
+        state = ssm_buf.index_select(0, slots).float()  # [B, h, p, n], a copy
         if kernels.mamba_ssm(h):
             y = kernels.selective_state_update(state, x, dt, A, B, C)
         else:
+            # in place on the copy: the state is the largest tensor of a decode step
+            rows, n = batch * self.n_heads, self.d_state
             B, C = expand_groups(B, self.n_heads), expand_groups(C, self.n_heads)
-            dA = torch.exp(dt * A)
-            state = state * dA[:, :, None, None] + (dt[:, :, None] * x)[..., None] * B[:, :, None]
-            y = torch.matmul(state, C[..., None])[..., 0]
-        ssm_buf[slots] = state.to(ssm_buf.dtype)
+            state.mul_(torch.exp(dt * A)[:, :, None, None])
+            flat = state.view(rows, self.head_dim, n)
+            flat.baddbmm_((dt[:, :, None] * x).reshape(rows, -1, 1), B.reshape(rows, 1, n))
+            y = torch.bmm(flat, C.reshape(rows, n, 1)).view(batch, self.n_heads, self.head_dim)
+        ssm_buf.index_copy_(0, slots, state.to(ssm_buf.dtype))
         y = y + self.D.float()[:, None] * x
         return self._out(y.reshape(batch, self.intermediate), gate, h.dtype)
