@@ -5,7 +5,7 @@ causal conv over queries, keys and values) and the recurrent matrix ``[value_hea
 value_head_dim]``. :meth:`GatedDeltaNet.extend` runs right-padded chunks with the chunked delta
 rule (padding inert: ``g = 0`` and ``beta = 0`` there); :meth:`GatedDeltaNet.decode` one token per
 row with the recurrent step. The recurrence runs in float32; on CUDA, flash-linear-attention's
-kernels when installed.
+kernels when installed and the model is in half precision.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ class GatedDeltaNet(nn.Module):
         init = state_buf.index_select(0, slots).float()
         init = torch.where(fresh[:, None, None, None], torch.zeros_like(init), init)
         if kernels.fla(h):
-            o, final = kernels.chunk_gated_delta_rule(q, k, v, g, beta, init)
+            o, final = kernels.chunk_gated_delta_rule(q, k, v, g, beta, init, h.dtype)
         else:
             o, final = chunk_gated_delta_rule(q, k, v, g, beta, self.cfg.chunk_size, init)
         state_buf.index_copy_(0, slots, final.to(state_buf.dtype))

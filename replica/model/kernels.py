@@ -51,7 +51,9 @@ def mamba_ssm(t: torch.Tensor) -> bool:
 
 
 def fla(t: torch.Tensor) -> bool:
-    return _serves(t, "fla.ops.gated_delta_rule")
+    """flash-linear-attention's chunk kernel takes half precision only (float32 models run the
+    PyTorch path)."""
+    return t.dtype in (torch.float16, torch.bfloat16) and _serves(t, "fla.ops.gated_delta_rule")
 
 
 def causal_conv1d_fn(
@@ -125,12 +127,15 @@ def chunk_gated_delta_rule(
     g: torch.Tensor,
     beta: torch.Tensor,
     initial_state: torch.Tensor,
+    dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`replica.model.delta_rule.chunk_gated_delta_rule` by flash-linear-attention."""
+    """:func:`replica.model.delta_rule.chunk_gated_delta_rule` by flash-linear-attention, with
+    ``q``/``k``/``v`` in the half-precision ``dtype`` (``g``, ``beta`` and the states float32)."""
     rule = _module("fla.ops.gated_delta_rule").chunk_gated_delta_rule
     out, final = rule(
-        q, k, v, g, beta, scale=1.0, initial_state=initial_state, output_final_state=True
-    )
+        q.to(dtype), k.to(dtype), v.to(dtype), g, beta, scale=1.0,
+        initial_state=initial_state.contiguous(), output_final_state=True,
+    )  # fmt: skip
     return out.float(), final.float()
 
 
@@ -145,7 +150,8 @@ def recurrent_gated_delta_rule(
     """:func:`replica.model.delta_rule.gated_delta_step` by flash-linear-attention."""
     rule = _module("fla.ops.gated_delta_rule").fused_recurrent_gated_delta_rule
     out, final = rule(
-        q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None],
-        scale=1.0, initial_state=initial_state, output_final_state=True,
+        q[:, None].contiguous(), k[:, None].contiguous(), v[:, None].contiguous(),
+        g=g[:, None].contiguous(), beta=beta[:, None].contiguous(), scale=1.0,
+        initial_state=initial_state.contiguous(), output_final_state=True,
     )  # fmt: skip
     return out[:, 0].float(), final.float()
