@@ -15,6 +15,8 @@ from functools import cache
 import torch
 import transformers
 
+from tests.engine_helpers import token_ids
+
 VOCAB = 256
 _COMMON = dict(vocab_size=VOCAB, initializer_range=0.1, bos_token_id=None, eos_token_id=None,
                pad_token_id=None)  # fmt: skip
@@ -100,3 +102,12 @@ def hf_generate(model, prompt: list[int], new: int) -> list[int]:
             do_sample=False,
         )
     return out[0, len(prompt) :].tolist()
+
+
+@cache
+def conversation(name: str) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Two turns of a session, ``(prompt 1, reply 1, prompt 2, reply 2)``, the replies as
+    transformers' greedy ``generate`` gives them over the whole conversation so far."""
+    a, b = token_ids(40, 1, vocab=VOCAB), token_ids(9, 2, vocab=VOCAB)
+    o1 = hf_generate(hf_model(name), a, 10)
+    return a, o1, b, hf_generate(hf_model(name), a + o1 + b, 8)

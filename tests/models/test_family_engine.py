@@ -5,8 +5,6 @@ back to exactly the state it had before."""
 
 from __future__ import annotations
 
-from functools import cache
-
 import pytest
 
 from replica.config import PoolConfig
@@ -23,7 +21,7 @@ from tests.engine_helpers import (
     session_state,
     token_ids,
 )
-from tests.models.peers import FAMILIES, VOCAB, hf_generate, hf_model
+from tests.models.peers import FAMILIES, VOCAB, conversation
 
 pytestmark = pytest.mark.parametrize("name", FAMILIES)
 
@@ -37,16 +35,8 @@ def _ids(n: int, seed: int) -> list[int]:
     return token_ids(n, seed, vocab=VOCAB)
 
 
-@cache
-def _conversation(name: str) -> tuple[list[int], list[int], list[int], list[int]]:
-    """Two turns (prompt, reply) of a session as transformers' ``generate`` answers them."""
-    a, b = _ids(40, 1), _ids(9, 2)
-    o1 = hf_generate(hf_model(name), a, 10)
-    return a, o1, b, hf_generate(hf_model(name), a + o1 + b, 8)
-
-
 def test_turns_match_generate_for_chunk_sizes(name, peer_checkpoint):
-    a, o1, b, o2 = _conversation(name)
+    a, o1, b, o2 = conversation(name)
     states = []
     for chunk in (1, 7, 64):
         engine = _engine(peer_checkpoint(name), chunk)
@@ -85,7 +75,7 @@ def test_batch_gives_each_session_what_it_gets_alone(name, peer_checkpoint):
 
 @pytest.mark.parametrize("during", ["prefill", "decode"])
 def test_cancelled_turn_restores_the_exact_state(name, during, peer_checkpoint):
-    a, o1, b, o2 = _conversation(name)
+    a, o1, b, o2 = conversation(name)
     engine = _engine(peer_checkpoint(name), chunk=8)
     for sid in ("ref", "x"):
         engine.open_session(sid)
