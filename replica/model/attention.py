@@ -17,16 +17,22 @@ from replica.model.layers import RMSNorm, apply_rotary
 
 
 def gqa_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    valid: torch.Tensor | None,
+    scale: float,
 ) -> torch.Tensor:
     """Softmax attention with grouped KV heads.
 
     ``q [N, Hq, Lq, D]``, ``k``/``v [N, Hkv, T, D]`` (may be strided views), ``valid [N, Lq, T]``
-    (bool, True where the query may attend; every query row needs at least one). Query head ``h``
+    (bool, True where the query may attend; every query row needs at least one), or None for the
+    plain causal mask (``Lq == T``), which lets the kernel skip the masked half. Query head ``h``
     uses KV head ``h // (Hq / Hkv)``. Returns ``[N, Hq, Lq, D]``.
     """
+    mask = None if valid is None else valid[:, None]
     return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=valid[:, None], scale=scale, enable_gqa=True
+        q, k, v, attn_mask=mask, is_causal=valid is None, scale=scale, enable_gqa=True
     )
 
 
@@ -97,13 +103,14 @@ class Attention(nn.Module):
         kv_slots: torch.Tensor,
         real: torch.Tensor,
         new_slots: torch.Tensor,
-        valid: torch.Tensor,
+        valid: torch.Tensor | None,
     ) -> torch.Tensor:
         """Right-padded chunks of ``B`` sequences, ``h [B, L, hidden]``.
 
         ``kv_slots [B, T]`` the slots of each row's positions (padding replaced by a valid slot
         index), ``real [B, L]`` the real (not padded) tokens, ``new_slots`` the slots of the real
-        tokens in row-major order (written here), ``valid [B, L, T]`` which keys each query sees.
+        tokens in row-major order (written here), ``valid [B, L, T]`` which keys each query sees
+        (None: the plain causal mask, every row fresh and unpadded).
         """
         batch, length = h.shape[:2]
         flat_cos = None if cos is None else cos.flatten(0, 1)

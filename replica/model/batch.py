@@ -21,6 +21,7 @@ class ExtendBatch(NamedTuple):
     kv: torch.Tensor  # [B, T] KV slot of each position (padding: slot 0, never valid)
     new_slots: torch.Tensor  # KV slots of the real new tokens, row-major
     valid: torch.Tensor  # [B, L, T] bool, key t visible to query l
+    causal: bool  # every row starts at 0 with the same length: ``valid`` is the causal mask
 
     @classmethod
     def build(
@@ -65,6 +66,7 @@ class ExtendBatch(NamedTuple):
             kv=kv,
             new_slots=new_slots,
             valid=valid,
+            causal=not any(start_pos) and len({t.shape[0] for t in input_ids}) == 1,
         )
 
 

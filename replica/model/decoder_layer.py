@@ -102,7 +102,7 @@ class DecoderLayer(nn.Module):
                 j = self.attn_ordinal
                 a = self.attn.extend(
                     self._scaled(x, self.attn_in), cos, sin, buffers.k[j], buffers.v[j],
-                    batch.kv, batch.real, batch.new_slots, batch.valid,
+                    batch.kv, batch.real, batch.new_slots, None if batch.causal else batch.valid,
                 )  # fmt: skip
                 a = self._scaled(a, self.attn_out)
                 out = a if out is None else out + a

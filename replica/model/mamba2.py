@@ -20,7 +20,7 @@ from replica.model import kernels
 from replica.model.config import ModelConfig
 from replica.model.conv import conv_extend, conv_step
 from replica.model.layers import GatedRMSNorm
-from replica.model.ssd import expand_groups, ssd_chunk_scan
+from replica.model.ssd import ssd_chunk_scan
 
 
 class Mamba2Mixer(nn.Module):
@@ -163,13 +163,13 @@ class Mamba2Mixer(nn.Module):
         if kernels.mamba_ssm(h):
             y = kernels.selective_state_update(state, x, dt, A, B, C)
         else:
-            # in place on the copy: the state is the largest tensor of a decode step
-            rows, n = batch * self.n_heads, self.d_state
-            B, C = expand_groups(B, self.n_heads), expand_groups(C, self.n_heads)
+            # In place on the copy (the state is the largest tensor of a decode step), one matrix
+            # per group: the heads of a group share B and C, so no per-head copies of them.
+            rows, n = batch * self.n_groups, self.d_state
             state.mul_(torch.exp(dt * A)[:, :, None, None])
-            flat = state.view(rows, self.head_dim, n)
-            flat.baddbmm_((dt[:, :, None] * x).reshape(rows, -1, 1), B.reshape(rows, 1, n))
+            flat = state.view(rows, -1, n)
+            flat.baddbmm_((dt[:, :, None] * x).view(rows, -1, 1), B.reshape(rows, 1, n))
             y = torch.bmm(flat, C.reshape(rows, n, 1)).view(batch, self.n_heads, self.head_dim)
         ssm_buf.index_copy_(0, slots, state.to(ssm_buf.dtype))
-        y = y + self.D.float()[:, None] * x
+        y = torch.addcmul(y, self.D.float()[:, None], x)
         return self._out(y.reshape(batch, self.intermediate), gate, h.dtype)

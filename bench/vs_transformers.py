@@ -1,0 +1,205 @@
+"""Ours vs transformers on the same weights, per family: prefill, and decode at 1 and 16 sessions.
+
+For each family a random transformers model of the bench size below is saved and loaded back by
+``replica.model.load_model``, so both sides run the same weights in the same process. Measured:
+
+* prefill tokens/s of one 512-token input: ours through the engine (one chunk, no new token),
+  transformers' forward with its cache and only the last logits (what ``generate`` runs first);
+* decode tokens/s of one session (a 32-token prompt) and of 16 sessions with prompts of 16..376
+  tokens, ``--new`` tokens each: ours times the engine's decode-only steps; transformers runs
+  ``generate`` with its cache (the 16 prompts left-padded into one batch), timed from its first
+  generated token to its last (a stopping criterion notes the time of each step).
+
+Times are the CPU time of this process (``time.process_time``): the machine is shared, and wall
+time would measure the neighbours too; with one torch thread and an idle machine the two agree.
+Best of ``--rounds``. The ours/transformers ratios are printed per family; goal: >= 1.0x at 1
+session and >= 2x at 16. Greedy tokens of the single session must agree on both sides.
+
+Run: ``PYTHONPATH=. .venv/bin/python bench/vs_transformers.py`` (``--threads`` torch intra-op
+threads, default 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+
+import torch
+import transformers
+
+from replica.config import PoolConfig, ReplicaConfig
+from replica.engine.engine import Engine
+from replica.engine.request import SamplingParams
+from replica.model import load_model
+
+VOCAB = 2048
+
+
+def configs(h: int) -> dict:
+    """Bench-size configs of hidden size ``h``: 6 layers, 8 query / 2 KV heads, Mamba2 heads of
+    32 channels and 64 states, DeltaNet heads of 64, 8 experts (top-2) where a family has MoE."""
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=h,
+        initializer_range=0.02,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=0,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+    )
+    return {
+        "bamba": lambda: transformers.BambaConfig(
+            intermediate_size=3 * h, num_hidden_layers=6, attn_layer_indices=[2, 5],
+            mamba_n_heads=h // 16, mamba_d_state=64, mamba_chunk_size=128, **common),
+        "granitemoehybrid": lambda: transformers.GraniteMoeHybridConfig(
+            intermediate_size=h, shared_intermediate_size=2 * h, num_hidden_layers=6,
+            layer_types=["mamba"] * 2 + ["attention"] + ["mamba"] * 2 + ["attention"],
+            mamba_n_heads=h // 16, mamba_d_state=64, mamba_chunk_size=128, num_local_experts=8,
+            num_experts_per_tok=2, embedding_multiplier=12.0, residual_multiplier=0.22,
+            attention_multiplier=8 / h, logits_scaling=4.0, **common),
+        "nemotron_h": lambda: transformers.NemotronHConfig(
+            intermediate_size=3 * h, hybrid_override_pattern="M-M*-M-M*-", head_dim=h // 8,
+            mamba_num_heads=h // 16, mamba_head_dim=32, n_groups=2, ssm_state_size=64,
+            chunk_size=128, **common),
+        "falcon_h1": lambda: transformers.FalconH1Config(
+            intermediate_size=3 * h, num_hidden_layers=6, mamba_d_ssm=2 * h,
+            mamba_n_heads=h // 16, mamba_d_state=64, mamba_chunk_size=128, **common),
+        "qwen3_next": lambda: transformers.Qwen3NextConfig(
+            intermediate_size=3 * h, num_hidden_layers=6, head_dim=h // 4,
+            linear_num_key_heads=h // 64, linear_num_value_heads=h // 32, linear_key_head_dim=64,
+            linear_value_head_dim=64, num_experts=8, num_experts_per_tok=2,
+            moe_intermediate_size=h, shared_expert_intermediate_size=h, **common),
+    }  # fmt: skip
+
+
+MANY = 16
+
+
+def best_of(rounds: int, fn) -> float:
+    """The smallest wall time of ``rounds`` calls of ``fn`` (after one warm-up call)."""
+    fn()
+    times = []
+    for _ in range(rounds):
+        start = time.process_time()
+        fn()
+        times.append(time.process_time() - start)
+    return min(times)
+
+
+def make_engine(path: str, sessions: int) -> Engine:
+    cfg, model, tok = load_model(path)
+    pools = PoolConfig(max_sessions=sessions, kv_tokens=sessions * 1024, max_context=1024,
+                       page_size=16)  # fmt: skip
+    config = ReplicaConfig(model=cfg, pools=pools, max_prefill_chunk=512, max_batch_tokens=8192)
+    return Engine(config, model, tok)
+
+
+def ours_prefill(engine: Engine, ids: list[int]) -> None:
+    engine.open_session("prefill")
+    engine.submit("prefill", ids, SamplingParams(max_new_tokens=0))
+    while engine.has_work:
+        engine.step()
+    engine.close_session("prefill")
+
+
+def ours_decode(engine: Engine, prompts: list[list[int]], new: int) -> tuple[float, list[int]]:
+    """Sessions with ``prompts`` generate ``new`` tokens together: (decode-only seconds, tokens
+    of the first session)."""
+    sids = [f"s{i}" for i in range(len(prompts))]
+    rids = {}
+    for sid, ids in zip(sids, prompts):
+        engine.open_session(sid)
+        rids[engine.submit(sid, ids, SamplingParams(max_new_tokens=new)).rid] = sid
+    seconds, first = 0.0, []
+    while engine.has_work:
+        decode_only = not engine.scheduler.waiting and not engine.scheduler.plan().prefill
+        start = time.process_time()
+        events = engine.step()
+        if decode_only:
+            seconds += time.process_time() - start
+        first += [t for e in events if rids[e.turn_id] == "s0" for t in e.token_ids]
+    for sid in sids:
+        engine.close_session(sid)
+    return seconds, first
+
+
+class StepClock(transformers.StoppingCriteria):
+    """Notes the time at each generated token (generate asks it after every step)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+        self.times.append(time.process_time())
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+
+def hf_decode(hf, prompts: list[list[int]], new: int) -> tuple[float, list[int]]:
+    """Greedy ``generate`` of the left-padded batch: (seconds from the first generated token to
+    the last, the first row's new tokens)."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    clock = StepClock()
+    with torch.no_grad():
+        out = hf.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                          do_sample=False, pad_token_id=0,
+                          stopping_criteria=transformers.StoppingCriteriaList([clock]))  # fmt: skip
+    return clock.times[-1] - clock.times[0], out[0, width:].tolist()
+
+
+def measure(family: str, hidden: int, rounds: int, new: int) -> dict[str, tuple[float, float]]:
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(configs(hidden)[family]()).eval()
+    with tempfile.TemporaryDirectory() as path:
+        hf.save_pretrained(path)
+        engine = make_engine(path, MANY)
+    gen = torch.Generator().manual_seed(1)
+
+    def tokens(n: int) -> list[int]:
+        return torch.randint(1, VOCAB, (n,), generator=gen).tolist()
+
+    long = tokens(512)
+    one = [tokens(32)]
+    many = [tokens(16 + 24 * i) for i in range(MANY)]
+    out = {}
+    with torch.no_grad():
+        hf_prefill = best_of(rounds, lambda: hf(torch.tensor([long]), use_cache=True,
+                                                logits_to_keep=1))  # fmt: skip
+    out["prefill"] = (512 / best_of(rounds, lambda: ours_prefill(engine, long)), 512 / hf_prefill)
+    for label, prompts in (("decode x1", one), (f"decode x{MANY}", many)):
+        ours_decode(engine, prompts, 4)  # warm-up
+        hf_decode(hf, prompts, 4)
+        ours = [ours_decode(engine, prompts, new) for _ in range(rounds)]
+        theirs = [hf_decode(hf, prompts, new) for _ in range(rounds)]
+        count = len(prompts) * (new - 1)  # the first token of each turn comes from its prefill
+        out[label] = (count / min(s for s, _ in ours), count / min(s for s, _ in theirs))
+        assert ours[0][1] == theirs[0][1] or len(prompts) > 1, f"{family}: tokens differ"
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    families = list(configs(256))
+    parser.add_argument("--families", nargs="+", default=families, choices=families)
+    parser.add_argument("--hidden", type=int, default=256, help="hidden size (a multiple of 64)")
+    parser.add_argument("--new", type=int, default=32, help="tokens generated per session")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    print(f"hidden {args.hidden}, torch threads {args.threads}; tokens/s, ours vs transformers")
+    header = ["family", "prefill 512", "decode x1", f"decode x{MANY}"]
+    print(" | ".join(f"{h:<28}" if i else f"{h:<17}" for i, h in enumerate(header)))
+    for family in args.families:
+        row = measure(family, args.hidden, args.rounds, args.new)
+        cells = [f"{o:8.0f} vs {t:8.0f} ({o / t:4.2f}x)" for o, t in row.values()]
+        print(" | ".join([f"{family:<17}", *cells]), flush=True)
+
+
+if __name__ == "__main__":
+    main()
