@@ -90,8 +90,9 @@ def best_of(rounds: int, fn) -> float:
 
 def make_engine(path: str, sessions: int) -> Engine:
     cfg, model, tok = load_model(path)
-    pools = PoolConfig(max_sessions=sessions, kv_tokens=sessions * 1024, max_context=1024,
-                       page_size=16)  # fmt: skip
+    pools = PoolConfig(
+        max_sessions=sessions, kv_tokens=sessions * 1024, max_context=1024, page_size=16
+    )
     config = ReplicaConfig(model=cfg, pools=pools, max_prefill_chunk=512, max_batch_tokens=8192)
     return Engine(config, model, tok)
 
@@ -144,9 +145,15 @@ def hf_decode(hf, prompts: list[list[int]], new: int) -> tuple[float, list[int]]
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     clock = StepClock()
     with torch.no_grad():
-        out = hf.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
-                          do_sample=False, pad_token_id=0,
-                          stopping_criteria=transformers.StoppingCriteriaList([clock]))  # fmt: skip
+        out = hf.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            pad_token_id=0,
+            stopping_criteria=transformers.StoppingCriteriaList([clock]),
+        )
     return clock.times[-1] - clock.times[0], out[0, width:].tolist()
 
 
@@ -166,8 +173,9 @@ def measure(family: str, hidden: int, rounds: int, new: int) -> dict[str, tuple[
     many = [tokens(16 + 24 * i) for i in range(MANY)]
     out = {}
     with torch.no_grad():
-        hf_prefill = best_of(rounds, lambda: hf(torch.tensor([long]), use_cache=True,
-                                                logits_to_keep=1))  # fmt: skip
+        hf_prefill = best_of(
+            rounds, lambda: hf(torch.tensor([long]), use_cache=True, logits_to_keep=1)
+        )
     out["prefill"] = (512 / best_of(rounds, lambda: ours_prefill(engine, long)), 512 / hf_prefill)
     for label, prompts in (("decode x1", one), (f"decode x{MANY}", many)):
         ours_decode(engine, prompts, 4)  # warm-up

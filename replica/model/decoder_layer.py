@@ -89,21 +89,36 @@ class DecoderLayer(nn.Module):
             o = self.mamba_ordinal
             if self.mamba is not None:
                 out = self.mamba.extend(
-                    self._scaled(x, self.ssm_in), buffers.conv[o], buffers.ssm[o],
-                    batch.lengths, batch.mamba_slots, batch.fresh,
-                )  # fmt: skip
+                    self._scaled(x, self.ssm_in),
+                    buffers.conv[o],
+                    buffers.ssm[o],
+                    batch.lengths,
+                    batch.mamba_slots,
+                    batch.fresh,
+                )
                 out = self._scaled(out, self.ssm_out)
             if self.deltanet is not None:
                 out = self.deltanet.extend(
-                    x, buffers.conv[o], buffers.ssm[o], batch.lengths, batch.mamba_slots,
+                    x,
+                    buffers.conv[o],
+                    buffers.ssm[o],
+                    batch.lengths,
+                    batch.mamba_slots,
                     batch.fresh,
-                )  # fmt: skip
+                )
             if self.attn is not None:
                 j = self.attn_ordinal
                 a = self.attn.extend(
-                    self._scaled(x, self.attn_in), cos, sin, buffers.k[j], buffers.v[j],
-                    batch.kv, batch.real, batch.new_slots, None if batch.causal else batch.valid,
-                )  # fmt: skip
+                    self._scaled(x, self.attn_in),
+                    cos,
+                    sin,
+                    buffers.k[j],
+                    buffers.v[j],
+                    batch.kv,
+                    batch.real,
+                    batch.new_slots,
+                    None if batch.causal else batch.valid,
+                )
                 a = self._scaled(a, self.attn_out)
                 out = a if out is None else out + a
             h = self._residual(h, out)
@@ -124,18 +139,26 @@ class DecoderLayer(nn.Module):
             o = self.mamba_ordinal
             if self.mamba is not None:
                 out = self.mamba.decode(
-                    self._scaled(x, self.ssm_in), buffers.conv[o], buffers.ssm[o],
+                    self._scaled(x, self.ssm_in),
+                    buffers.conv[o],
+                    buffers.ssm[o],
                     batch.mamba_slots,
-                )  # fmt: skip
+                )
                 out = self._scaled(out, self.ssm_out)
             if self.deltanet is not None:
                 out = self.deltanet.decode(x, buffers.conv[o], buffers.ssm[o], batch.mamba_slots)
             if self.attn is not None:
                 j = self.attn_ordinal
                 a = self.attn.decode(
-                    self._scaled(x, self.attn_in), cos, sin, buffers.k[j], buffers.v[j],
-                    batch.kv, batch.new_slots, batch.valid,
-                )  # fmt: skip
+                    self._scaled(x, self.attn_in),
+                    cos,
+                    sin,
+                    buffers.k[j],
+                    buffers.v[j],
+                    batch.kv,
+                    batch.new_slots,
+                    batch.valid,
+                )
                 a = self._scaled(a, self.attn_out)
                 out = a if out is None else out + a
             h = self._residual(h, out)

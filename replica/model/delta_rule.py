@@ -40,10 +40,13 @@ def chunk_gated_delta_rule(
     n = -(-length // c)
     pad = n * c - length
     # [b, h, n, c, d] and [b, h, n, c]; padded steps have beta = g = 0, so they are inert
-    q, k, v = (F.pad(t, (0, 0, 0, 0, 0, pad)).transpose(1, 2).reshape(batch, heads, n, c, -1)
-               for t in (q, k, v))  # fmt: skip
-    g, beta = (F.pad(t, (0, 0, 0, pad)).transpose(1, 2).reshape(batch, heads, n, c)
-               for t in (g, beta))  # fmt: skip
+    q, k, v = (
+        F.pad(t, (0, 0, 0, 0, 0, pad)).transpose(1, 2).reshape(batch, heads, n, c, -1)
+        for t in (q, k, v)
+    )
+    g, beta = (
+        F.pad(t, (0, 0, 0, pad)).transpose(1, 2).reshape(batch, heads, n, c) for t in (g, beta)
+    )
     G = g.cumsum(-1)
     causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
     decay = (G[..., :, None] - G[..., None, :]).masked_fill(~causal, -torch.inf).exp()

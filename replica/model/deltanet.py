@@ -61,8 +61,9 @@ class GatedDeltaNet(nn.Module):
         d, r = self.cfg, self.ratio
         prefix = h.shape[:-1]
         qkvz = self.in_proj_qkvz(h).view(*prefix, d.num_key_heads, -1)
-        q, k, v, z = qkvz.split([d.key_head_dim, d.key_head_dim, r * d.value_head_dim,
-                                 r * d.value_head_dim], dim=-1)  # fmt: skip
+        q, k, v, z = qkvz.split(
+            [d.key_head_dim, d.key_head_dim, r * d.value_head_dim, r * d.value_head_dim], dim=-1
+        )
         b, a = self.in_proj_ba(h).view(*prefix, d.num_key_heads, 2 * r).split([r, r], dim=-1)
         mixed = torch.cat([q.flatten(-2), k.flatten(-2), v.flatten(-2)], dim=-1)
         z = z.reshape(*prefix, d.num_value_heads, d.value_head_dim)

@@ -133,9 +133,15 @@ def chunk_gated_delta_rule(
     ``q``/``k``/``v`` in the half-precision ``dtype`` (``g``, ``beta`` and the states float32)."""
     rule = _module("fla.ops.gated_delta_rule").chunk_gated_delta_rule
     out, final = rule(
-        q.to(dtype), k.to(dtype), v.to(dtype), g, beta, scale=1.0,
-        initial_state=initial_state.contiguous(), output_final_state=True,
-    )  # fmt: skip
+        q.to(dtype),
+        k.to(dtype),
+        v.to(dtype),
+        g,
+        beta,
+        scale=1.0,
+        initial_state=initial_state.contiguous(),
+        output_final_state=True,
+    )
     return out.float(), final.float()
 
 
@@ -150,8 +156,13 @@ def recurrent_gated_delta_rule(
     """:func:`replica.model.delta_rule.gated_delta_step` by flash-linear-attention."""
     rule = _module("fla.ops.gated_delta_rule").fused_recurrent_gated_delta_rule
     out, final = rule(
-        q[:, None].contiguous(), k[:, None].contiguous(), v[:, None].contiguous(),
-        g=g[:, None].contiguous(), beta=beta[:, None].contiguous(), scale=1.0,
-        initial_state=initial_state.contiguous(), output_final_state=True,
-    )  # fmt: skip
+        q[:, None].contiguous(),
+        k[:, None].contiguous(),
+        v[:, None].contiguous(),
+        g=g[:, None].contiguous(),
+        beta=beta[:, None].contiguous(),
+        scale=1.0,
+        initial_state=initial_state.contiguous(),
+        output_final_state=True,
+    )
     return out[:, 0].float(), final.float()

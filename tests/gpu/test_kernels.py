@@ -35,11 +35,15 @@ def _run(model, cfg, dtype: torch.dtype) -> tuple[torch.Tensor, LayerBuffers]:
     gen = torch.Generator().manual_seed(0)
     buffers = LayerBuffers.allocate(cfg, 4, 1024, dtype=dtype, device=dev)
     mamba = torch.tensor([3, 0, 1])
-    model.forward_extend(torch.randint(0, 256, (20,), generator=gen), 0, 3, torch.arange(20),
-                         buffers)  # fmt: skip
+    model.forward_extend(
+        torch.randint(0, 256, (20,), generator=gen), 0, 3, torch.arange(20), buffers
+    )
     starts, lengths = [20, 0, 0], [3, 70, 130]
-    slots = [torch.cat([torch.arange(20), torch.arange(100, 109)]), torch.arange(300, 376),
-             torch.arange(600, 736)]  # fmt: skip
+    slots = [
+        torch.cat([torch.arange(20), torch.arange(100, 109)]),
+        torch.arange(300, 376),
+        torch.arange(600, 736),
+    ]
     ids = [torch.randint(0, 256, (n,), generator=gen) for n in lengths]
     kv = [s[: start + n] for s, start, n in zip(slots, starts, lengths)]
     logits = [model.forward_extend_batch(ids, starts, mamba, kv, buffers)]
@@ -47,8 +51,9 @@ def _run(model, cfg, dtype: torch.dtype) -> tuple[torch.Tensor, LayerBuffers]:
     pos = torch.tensor([23, 70, 130])
     for step in range(STEPS):
         tokens = torch.randint(0, 256, (3,), generator=gen)
-        logits.append(model.forward_decode(tokens, pos + step, mamba, table, pos + step + 1,
-                                           buffers))  # fmt: skip
+        logits.append(
+            model.forward_decode(tokens, pos + step, mamba, table, pos + step + 1, buffers)
+        )
     return torch.cat(logits).float().cpu(), buffers
 
 

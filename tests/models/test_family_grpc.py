@@ -16,8 +16,9 @@ from tests.models.peers import FAMILIES, conversation
 def served(request, peer_checkpoint):
     """(family, a running server of its peer checkpoint); one server at a time."""
     name = request.param
-    srv = ServerThread(model_path=peer_checkpoint(name), replicas=1, max_sessions=2,
-                       kv_tokens=1024).start()  # fmt: skip
+    srv = ServerThread(
+        model_path=peer_checkpoint(name), replicas=1, max_sessions=2, kv_tokens=1024
+    ).start()
     yield name, srv
     srv.stop()
 

@@ -33,8 +33,9 @@ def test_prompt_logits_match(name, peer_checkpoint):
     want = _hf_logits(name, ids)
     assert got.shape == (70, VOCAB)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
-    torch.testing.assert_close(ours.forward_extend(ids, 0, 1, kv, buffers), want[-1:], atol=1e-4,
-                               rtol=0)  # fmt: skip
+    torch.testing.assert_close(
+        ours.forward_extend(ids, 0, 1, kv, buffers), want[-1:], atol=1e-4, rtol=0
+    )
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -60,15 +61,14 @@ def test_padded_batch_equals_each_row_alone(name, peer_checkpoint):
     for t in (*buffers.conv, *buffers.ssm, *buffers.k, *buffers.v):
         t.copy_(torch.randn(t.shape, generator=gen))
     ids = [_tokens(n, 10 + i) for i, n in enumerate(lengths)]
-    kv = [torch.arange(s + n) + KV * (i % 2) + 40 * (i // 2) for i, (s, n) in
-          enumerate(zip(starts, lengths))]  # fmt: skip
+    kv = [
+        torch.arange(s + n) + KV * (i % 2) + 40 * (i // 2)
+        for i, (s, n) in enumerate(zip(starts, lengths))
+    ]
     slots = torch.tensor([4, 0, 2, 1])
     alone = LayerBuffers(*([t.clone() for t in ts] for ts in buffers))
     want = torch.cat(
-        [
-            ours.forward_extend(i, s, int(m), k, alone)
-            for i, s, m, k in zip(ids, starts, slots, kv)
-        ]  # fmt: skip
+        [ours.forward_extend(i, s, int(m), k, alone) for i, s, m, k in zip(ids, starts, slots, kv)]
     )
     got = ours.forward_extend_batch(ids, starts, slots, kv, buffers)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)

@@ -10,13 +10,31 @@ from replica.model.families.family import Family
 
 # The ModelConfig fields an HF BambaConfig has under the same name.
 _HF_FIELDS = (
-    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "attn_layer_indices", "mamba_n_heads", "mamba_d_head",
-    "mamba_n_groups", "mamba_d_state", "mamba_d_conv", "mamba_expand", "mamba_chunk_size",
-    "mamba_conv_bias", "mamba_proj_bias", "rms_norm_eps", "max_position_embeddings",
-    "tie_word_embeddings", "attention_bias", "mlp_bias", "bos_token_id", "eos_token_id",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "attn_layer_indices",
+    "mamba_n_heads",
+    "mamba_d_head",
+    "mamba_n_groups",
+    "mamba_d_state",
+    "mamba_d_conv",
+    "mamba_expand",
+    "mamba_chunk_size",
+    "mamba_conv_bias",
+    "mamba_proj_bias",
+    "rms_norm_eps",
+    "max_position_embeddings",
+    "tie_word_embeddings",
+    "attention_bias",
+    "mlp_bias",
+    "bos_token_id",
+    "eos_token_id",
     "pad_token_id",
-)  # fmt: skip
+)
 
 
 def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
@@ -95,8 +113,9 @@ def weight_map(cfg: ModelConfig) -> common.WeightMap:
             common.attention(wm, f"{hf}.self_attn", f"{local}.attn", cfg)
         else:
             common.mamba2(wm, f"{hf}.mamba", f"{local}.mamba", cfg)
-        common.mlp(wm, f"{hf}.feed_forward", f"{local}.mlp", cfg.intermediate_size, True,
-                   cfg.mlp_bias)  # fmt: skip
+        common.mlp(
+            wm, f"{hf}.feed_forward", f"{local}.mlp", cfg.intermediate_size, True, cfg.mlp_bias
+        )
     return wm
 
 

@@ -83,8 +83,9 @@ def weight_map(cfg: ModelConfig) -> common.WeightMap:
         wm[f"{hf}.pre_ff_layernorm.weight"] = common.Target(f"{local}.ffn_norm.weight")
         common.mamba2(wm, f"{hf}.mamba", f"{local}.mamba", cfg)
         common.attention(wm, f"{hf}.self_attn", f"{local}.attn", cfg)
-        common.mlp(wm, f"{hf}.feed_forward", f"{local}.mlp", cfg.intermediate_size, True,
-                   cfg.mlp_bias)  # fmt: skip
+        common.mlp(
+            wm, f"{hf}.feed_forward", f"{local}.mlp", cfg.intermediate_size, True, cfg.mlp_bias
+        )
     return wm
 
 

@@ -11,8 +11,12 @@ from replica.model.config_parts import MoEConfig, Multipliers
 from replica.model.families import common
 from replica.model.families.family import Family
 
-_MIXERS = {"mamba": "mamba2", "linear_attention": "mamba2", "attention": "attention",
-           "full_attention": "attention"}  # fmt: skip
+_MIXERS = {
+    "mamba": "mamba2",
+    "linear_attention": "mamba2",
+    "attention": "attention",
+    "full_attention": "attention",
+}
 # transformers' in-memory names of the MoE tensors -> the checkpoint names the map uses
 _RENAMES = {
     "block_sparse_moe.experts.gate_up_proj": "block_sparse_moe.input_linear.weight",

@@ -111,18 +111,26 @@ def weight_map(cfg: ModelConfig) -> common.WeightMap:
         elif mixer == "attention":
             common.attention(wm, f"{hf}.mixer", f"{local}.attn", cfg)
         elif ffn == "mlp":
-            common.mlp(wm, f"{hf}.mixer", f"{local}.mlp", cfg.intermediate_size, False,
-                       cfg.mlp_bias)  # fmt: skip
+            common.mlp(
+                wm, f"{hf}.mixer", f"{local}.mlp", cfg.intermediate_size, False, cfg.mlp_bias
+            )
         else:
             moe, size = cfg.moe, cfg.moe.shared_intermediate_size
             wm[f"{hf}.mixer.gate.weight"] = common.Target(f"{local}.moe.router.weight")
             wm[f"{hf}.mixer.gate.e_score_correction_bias"] = common.Target(
                 f"{local}.moe.score_bias"
             )
-            common.experts(wm, f"{hf}.mixer.experts", f"{local}.moe", moe.num_experts,
-                           moe.intermediate_size, False)  # fmt: skip
-            common.mlp(wm, f"{hf}.mixer.shared_experts", f"{local}.moe.shared", size, False,
-                       cfg.mlp_bias)  # fmt: skip
+            common.experts(
+                wm,
+                f"{hf}.mixer.experts",
+                f"{local}.moe",
+                moe.num_experts,
+                moe.intermediate_size,
+                False,
+            )
+            common.mlp(
+                wm, f"{hf}.mixer.shared_experts", f"{local}.moe.shared", size, False, cfg.mlp_bias
+            )
     return wm
 
 

@@ -84,8 +84,15 @@ def weight_map(cfg: ModelConfig) -> common.WeightMap:
         if mixer == "attention":
             common.attention(wm, f"{hf}.self_attn", f"{local}.attn", cfg)
         else:
-            names = ("in_proj_qkvz.weight", "in_proj_ba.weight", "conv1d.weight", "dt_bias",
-                     "A_log", "norm.weight", "out_proj.weight")  # fmt: skip
+            names = (
+                "in_proj_qkvz.weight",
+                "in_proj_ba.weight",
+                "conv1d.weight",
+                "dt_bias",
+                "A_log",
+                "norm.weight",
+                "out_proj.weight",
+            )
             for name in names:
                 wm[f"{hf}.linear_attn.{name}"] = common.Target(f"{local}.deltanet.{name}")
         if ffn == "mlp":
@@ -93,10 +100,17 @@ def weight_map(cfg: ModelConfig) -> common.WeightMap:
             continue
         moe = cfg.moe
         wm[f"{hf}.mlp.gate.weight"] = common.Target(f"{local}.moe.router.weight")
-        common.experts(wm, f"{hf}.mlp.experts", f"{local}.moe", moe.num_experts,
-                       moe.intermediate_size, True)  # fmt: skip
-        common.mlp(wm, f"{hf}.mlp.shared_expert", f"{local}.moe.shared",
-                   moe.shared_intermediate_size, True, False)  # fmt: skip
+        common.experts(
+            wm, f"{hf}.mlp.experts", f"{local}.moe", moe.num_experts, moe.intermediate_size, True
+        )
+        common.mlp(
+            wm,
+            f"{hf}.mlp.shared_expert",
+            f"{local}.moe.shared",
+            moe.shared_intermediate_size,
+            True,
+            False,
+        )
         wm[f"{hf}.mlp.shared_expert_gate.weight"] = common.Target(f"{local}.moe.shared_gate.weight")
     return wm
 
