@@ -84,7 +84,9 @@ def gated_delta_step(
     ``state [b, h, dk, dv]`` (updated in place). Returns ``o [b, h, dv]`` and the state."""
     b, h, dk, dv = state.shape
     flat = state.mul_(g.exp()[..., None, None]).view(b * h, dk, dv)
-    predicted = torch.bmm(k.reshape(b * h, 1, dk), flat).view(b, h, dv)  # S^T k
-    delta = (v - predicted) * beta[..., None]
+    # S^T k and S^T q in one pass over the state; then o = (S + k delta^T)^T q needs no second
+    read = torch.bmm(torch.stack([k, q], dim=2).view(b * h, 2, dk), flat).view(b, h, 2, dv)
+    delta = (v - read[:, :, 0]) * beta[..., None]
     flat.baddbmm_(k.reshape(b * h, dk, 1), delta.reshape(b * h, 1, dv))
-    return torch.bmm(q.reshape(b * h, 1, dk), flat).view(b, h, dv), state
+    out = read[:, :, 1] + delta * (k * q).sum(-1, keepdim=True)
+    return out, state
