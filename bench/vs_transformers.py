@@ -15,7 +15,7 @@ time would measure the neighbours too; with one torch thread and an idle machine
 Best of ``--rounds``. The ours/transformers ratios are printed per family; goal: >= 1.0x at 1
 session and >= 2x at 16. Greedy tokens of the single session must agree on both sides.
 
-Run: ``PYTHONPATH=. .venv/bin/python bench/vs_transformers.py`` (``--threads`` torch intra-op
+Run: ``.venv/bin/python -m bench.vs_transformers`` (``--threads`` torch intra-op
 threads, default 1).
 """
 
@@ -28,9 +28,9 @@ import time
 import torch
 import transformers
 
+from replica.api import SamplingParams
 from replica.config import PoolConfig, ReplicaConfig
 from replica.engine.engine import Engine
-from replica.engine.request import SamplingParams
 from replica.model import load_model
 
 VOCAB = 2048
@@ -93,7 +93,7 @@ def make_engine(path: str, sessions: int) -> Engine:
     pools = PoolConfig(
         max_sessions=sessions, kv_tokens=sessions * 1024, max_context=1024, page_size=16
     )
-    config = ReplicaConfig(model=cfg, pools=pools, max_prefill_chunk=512, max_batch_tokens=8192)
+    config = ReplicaConfig(pools=pools, max_prefill_chunk=512, max_batch_tokens=8192)
     return Engine(config, model, tok)
 
 

@@ -96,9 +96,15 @@ class ReplicaConfig:
     """One replica: which model it serves, its pools and its engine."""
 
     pools: PoolConfig = nested(PoolConfig)
-    model: str = setting("tiny-bamba", "built-in model to serve (ignored with --model-path)")
+    model: str = setting(
+        "tiny-bamba",
+        "built-in model (fixed-seed random weights, byte tokenizer): tiny-bamba, "
+        "tiny-granitemoehybrid, tiny-nemotron-h, tiny-falcon-h1 or tiny-qwen3-next",
+    )
     model_path: str | None = setting(
-        None, "HF-format checkpoint directory (config.json, *.safetensors, tokenizer.json)"
+        None,
+        "HF-format checkpoint directory (config.json, *.safetensors, tokenizer.json) of a "
+        "bamba, granitemoehybrid, nemotron_h, falcon_h1 or qwen3_next model; overrides --model",
     )
     session_idle_timeout_s: float = setting(
         DEFAULT_IDLE_TIMEOUT_S, "idle sessions are released after this long (and no later)"

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from replica.config import PoolConfig
-from replica.model import BambaModel, LayerBuffers, build_tiny_bamba
+from replica.model import HybridModel, LayerBuffers, build_tiny_bamba
 from replica.model.config import ModelConfig
 from replica.model.factory import init_weights
 from tests.support.engine import (
@@ -32,7 +32,7 @@ KV_SLOTS = 1024
 def _small_chunk_model():
     """Chunk size 16, two B/C groups and a dt floor (padding must stay inert despite the clamp)."""
     cfg = ModelConfig(mamba_chunk_size=16, mamba_n_groups=2, time_step_limit=(1e-3, 0.05))
-    model = BambaModel(cfg)
+    model = HybridModel(cfg)
     init_weights(model, seed=3)
     return cfg, model.eval()
 

@@ -36,7 +36,7 @@ from replica.engine.model_runner import ModelRunner
 from replica.engine.sampling import make_generator, sample
 from replica.engine.scheduler import Scheduler, input_left
 from replica.engine.turn_check import check_turn
-from replica.model import BambaModel, IncrementalDetokenizer, Tokenizer
+from replica.model import HybridModel, IncrementalDetokenizer, Tokenizer
 from replica.pools.hybrid_pool import HybridReqToTokenPool
 from replica.sessions.request import Req
 from replica.sessions.session import SessionSlot, StreamingSession
@@ -48,7 +48,7 @@ class Engine:
     def __init__(
         self,
         config: ReplicaConfig,
-        model: BambaModel,
+        model: HybridModel,
         tokenizer: Tokenizer,
         replica_id: str = "replica-0",
     ) -> None:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import torch
 
-from replica.model import BambaModel
+from replica.model import HybridModel
 from replica.pools.hybrid_pool import HybridReqToTokenPool
 from replica.sessions.request import Req
 
 
 class ModelRunner:
-    def __init__(self, model: BambaModel, pool: HybridReqToTokenPool) -> None:
+    def __init__(self, model: HybridModel, pool: HybridReqToTokenPool) -> None:
         self.model = model
         self.pool = pool
         self.buffers = pool.buffers

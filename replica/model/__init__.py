@@ -11,7 +11,7 @@ from replica.model.factory import (
     load,
     tiny_config,
 )
-from replica.model.hybrid import BambaModel, HybridModel
+from replica.model.hybrid import HybridModel
 from replica.model.loader import (
     config_from_hf,
     hf_config,
@@ -24,7 +24,6 @@ from replica.model.tokenizer import ByteTokenizer, HFTokenizer, IncrementalDetok
 __all__ = [
     "BUILTINS",
     "TINY_BAMBA",
-    "BambaModel",
     "ByteTokenizer",
     "HFTokenizer",
     "HybridModel",

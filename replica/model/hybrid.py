@@ -149,4 +149,3 @@ class HybridModel(nn.Module):
 
 
 # The name the engine and the Bamba-era tests know the model by.
-BambaModel = HybridModel

@@ -15,7 +15,7 @@ from functools import cache
 import torch
 import transformers
 
-from tests.engine_helpers import token_ids
+from tests.support.engine import token_ids
 
 VOCAB = 256
 _COMMON = dict(vocab_size=VOCAB, initializer_range=0.1, bos_token_id=None, eos_token_id=None,

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import pytest
 
+from replica.api import FinishReason
 from replica.config import PoolConfig
 from replica.engine.engine import Engine
-from replica.engine.request import FinishReason
 from replica.model import load_model
-from tests.engine_helpers import (
+from tests.models.peers import FAMILIES, VOCAB, conversation
+from tests.support.engine import (
     assert_same_state,
     close_and_check,
     drain,
@@ -21,7 +22,6 @@ from tests.engine_helpers import (
     session_state,
     token_ids,
 )
-from tests.models.peers import FAMILIES, VOCAB, conversation
 
 pytestmark = pytest.mark.parametrize("name", FAMILIES)
 

@@ -2,40 +2,28 @@
 local Ray cluster, one replica, loopback gRPC); a session's two turns through the public client
 give transformers' greedy ``generate`` tokens, and closing it frees every slot.
 
-The four servers run one after the other on one local Ray instance (started here, so a server
-that finds Ray up leaves it up when it stops): starting Ray is most of a server's start-up.
+The four servers run one after the other on the suite's one local Ray (``ray_cluster``).
 """
 
 from __future__ import annotations
 
 import pytest
-import ray
 
 from protos import session_router_pb2 as pb
 from router.client import SessionClient
-from router.server import NAMESPACE
-from tests.e2e_helpers import ServerThread
 from tests.models.peers import FAMILIES, conversation
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(namespace=NAMESPACE, include_dashboard=False, _node_ip_address="127.0.0.1")
-    yield
-    ray.shutdown()
+from tests.support.cluster import ServerThread
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
-def served(request, local_ray, peer_checkpoint):
+def served(request, ray_cluster, peer_checkpoint):
     """(family, a running server of its peer checkpoint); one server at a time."""
     name = request.param
     srv = ServerThread(
         model_path=peer_checkpoint(name), replicas=1, max_sessions=2, kv_tokens=1024
     ).start()
     yield name, srv
-    srv.call(srv.server.stop())  # not srv.stop(): that would shut Ray down too
-    srv.loop.call_soon_threadsafe(srv.loop.stop)
-    srv.thread.join(10)
+    srv.stop()
 
 
 def test_turns_through_grpc_match_generate(served):

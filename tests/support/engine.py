@@ -10,7 +10,7 @@ import torch
 from replica.api import FinishReason, SamplingParams, TurnEvent
 from replica.config import PoolConfig, ReplicaConfig
 from replica.engine.engine import Engine
-from replica.model import BambaModel, Tokenizer, build_tiny_bamba, load_model
+from replica.model import HybridModel, Tokenizer, build_tiny_bamba, load_model
 from replica.model.config import ModelConfig
 
 MAX_STEPS = 100_000
@@ -22,14 +22,14 @@ torch.set_num_threads(1)
 
 
 @lru_cache(maxsize=1)
-def tiny_bamba() -> tuple[ModelConfig, BambaModel, Tokenizer]:
+def tiny_bamba() -> tuple[ModelConfig, HybridModel, Tokenizer]:
     """The built-in tiny-bamba (fixed-seed weights), built once per test process."""
     return build_tiny_bamba(seed=0)
 
 
 def make_engine(
     pools: PoolConfig | None = None,
-    model: tuple[ModelConfig, BambaModel, Tokenizer] | None = None,
+    model: tuple[ModelConfig, HybridModel, Tokenizer] | None = None,
     **replica_kwargs,
 ) -> Engine:
     """A strict engine over tiny-bamba (or ``model``) with the given pool sizes."""
