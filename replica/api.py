@@ -28,6 +28,7 @@ class StatusCode(str, enum.Enum):
     INTERNAL = "INTERNAL"
     UNAVAILABLE = "UNAVAILABLE"
     UNAUTHENTICATED = "UNAUTHENTICATED"
+    UNIMPLEMENTED = "UNIMPLEMENTED"
 
 
 class ReleaseReason(str, enum.Enum):
@@ -54,8 +55,22 @@ POOL_NAMES = ("mamba", "kv_tokens", "req")
 POOL_STATES = ("free", "in_use", "session_held", "cached")
 
 
+MAX_ECHOED_ID_CHARS = 64
+
+
+def clip_id(value: str) -> str:
+    """A client-sent id as error messages may echo it: cut to ``MAX_ECHOED_ID_CHARS``, so a
+    hostile 10 KB id does not come back whole."""
+    if len(value) <= MAX_ECHOED_ID_CHARS:
+        return value
+    return f"{value[:MAX_ECHOED_ID_CHARS]}... ({len(value)} characters)"
+
+
 def replica_lost_message(session_id: str) -> str:
-    return f"the replica of session {session_id} died and its state is gone; open a new session"
+    return (
+        f"the replica of session {clip_id(session_id)} died and its state is gone; "
+        "open a new session"
+    )
 
 
 # ----- refusals --------------------------------------------------------------------------------
@@ -111,12 +126,17 @@ class ActorError:
 # ----- turns -----------------------------------------------------------------------------------
 
 
+MIN_TEMPERATURE = 1e-5
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """Validated on construction; out-of-range values raise ``InvalidRequestError``."""
+    """Validated on construction; out-of-range values raise ``InvalidRequestError``.
+    Temperatures below ``MIN_TEMPERATURE`` (0 included) are greedy: at such a temperature
+    sampling is greedy to within float precision, and ``logits / temperature`` would overflow."""
 
     max_new_tokens: int = 16
-    temperature: float = 0.0  # 0: greedy
+    temperature: float = 0.0  # 0 (or below MIN_TEMPERATURE): greedy
     top_p: float = 1.0  # 0 or 1: off
     seed: int = 0
     stop_token_ids: tuple[int, ...] = ()
@@ -133,7 +153,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < MIN_TEMPERATURE
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,9 +6,9 @@ and every snapshot is consistent. ``step`` admits waiting turns, runs one forwar
 batch and the prefill chunks, samples, streams ``TurnEvent``s, and ends finished turns. When the
 engine goes idle it checks the accounting invariant (strict mode raises).
 
-Turn endings: a turn that finishes (stop token, max_new_tokens) or is interrupted (barge-in) is
-committed; a turn that is cancelled or fails rolls the session back to its checkpoint (track
-buffers >= 1) or commits what it folded in (0). Closing a session during a turn cancels the turn.
+How turns end is ``TurnOutputs``'s (closing a session during a turn cancels the turn). Errors
+stay with the turns they touch; only an error outside any turn escapes ``step``, and then the
+engine is dead: the replica reports itself dead and is replaced.
 """
 
 from __future__ import annotations
@@ -33,13 +33,14 @@ from replica.api import (
 )
 from replica.config import ReplicaConfig
 from replica.engine.model_runner import ModelRunner
-from replica.engine.sampling import make_generator, sample
-from replica.engine.scheduler import Scheduler, input_left
+from replica.engine.scheduler import Scheduler
 from replica.engine.turn_check import check_turn
-from replica.model import HybridModel, IncrementalDetokenizer, Tokenizer
+from replica.engine.turn_outputs import TurnOutputs
+from replica.model import HybridModel, Tokenizer
 from replica.pools.hybrid_pool import HybridReqToTokenPool
 from replica.sessions.request import Req
 from replica.sessions.session import SessionSlot, StreamingSession
+from replica.sessions.stream_leases import StreamLeases
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +67,10 @@ class Engine:
         )
         self.runner = ModelRunner(model, self.pool)
         self.checker = InvariantChecker(config.strict)
+        self.leases = StreamLeases(self.sessions.clock)
+        self.turns = TurnOutputs(tokenizer, self.scheduler, self.sessions)
         self.draining = False
         self._snapshot_seq = itertools.count(1)
-        self._events: list[TurnEvent] = []  # produced since the last ``take_events``
-        self._generators: dict[int, object] = {}
-        self._detok: dict[int, IncrementalDetokenizer] = {}
 
     # ----- sessions -------------------------------------------------------------------------
 
@@ -115,8 +115,15 @@ class Engine:
         }
 
     def release_idle(self) -> list[str]:
+        """Release the sessions idle past their timeout, except those with a turn waiting and
+        those a stream holds open (``leases``); returns their ids."""
+        self.leases.prune(self.sessions.sessions)
         busy = {req.session_id for req in self.scheduler.waiting}
-        expired = [sid for sid in self.sessions.idle_expired() if sid not in busy]
+        expired = [
+            sid
+            for sid in self.sessions.idle_expired()
+            if not (sid in busy or self.leases.held(sid))
+        ]
         for sid in expired:
             self.sessions.release_session(sid, ReleaseReason.IDLE_TIMEOUT)
         return expired
@@ -148,7 +155,7 @@ class Engine:
         if not input_ids and not slot.pending_ids:
             # Nothing to fold and nothing to generate: the turn is done (it would never be
             # scheduled, so queueing it would leave the engine busy forever).
-            self._emit_end(req, FinishReason.LENGTH, slot)
+            self.turns.report_end(req, FinishReason.LENGTH, slot)
             return req
         self.scheduler.add(req)
         return req
@@ -161,12 +168,12 @@ class Engine:
         if req is None:
             return False
         if running:
-            self._end_turn(req, FinishReason.INTERRUPTED)
+            self.turns.commit(req, FinishReason.INTERRUPTED)
         else:
             self.scheduler.waiting.remove(req)
             slot = self.sessions.get(session_id)
             slot.pending_ids = (*slot.pending_ids, *req.input_ids)  # fits: checked at submit
-            self._emit_end(req, FinishReason.INTERRUPTED, slot)
+            self.turns.report_end(req, FinishReason.INTERRUPTED, slot)
         return True
 
     def cancel(
@@ -178,11 +185,11 @@ class Engine:
         if req is None or (turn_id is not None and req.rid != turn_id):
             return False
         if running:
-            self._fail(req, StatusCode.CANCELLED, why)
+            self.turns.fail(req, StatusCode.CANCELLED, why)
         else:
             self.scheduler.waiting.remove(req)
             slot = self.sessions.get(session_id)
-            self._emit(slot, req, error_code=StatusCode.CANCELLED, error=why)
+            self.turns.emit(slot, req, error_code=StatusCode.CANCELLED, error=why)
         return True
 
     # ----- the step -------------------------------------------------------------------------
@@ -197,92 +204,21 @@ class Engine:
             raise RuntimeError("failpoint engine_step_raises: the engine step failed")
         for req, err in self.scheduler.admit():
             slot = self.sessions.get(req.session_id)
-            self._emit(slot, req, error_code=err.code, error=str(err))
+            self.turns.emit(slot, req, error_code=err.code, error=str(err))
         plan = self.scheduler.plan()
         if plan.decode:
-            self._run(plan.decode, lambda: self.runner.decode(plan.decode), after_prefill=False)
+            self.turns.run(
+                plan.decode, lambda: self.runner.decode(plan.decode), after_prefill=False
+            )
         if plan.prefill:
             reqs = [req for req, _ in plan.prefill]
-            self._run(reqs, lambda: self.runner.extend_batch(plan.prefill), after_prefill=True)
+            self.turns.run(reqs, lambda: self.runner.extend_batch(plan.prefill), after_prefill=True)
         if not self.has_work:
             self.check_invariant()
         return self.take_events()
 
-    def _run(self, reqs: list[Req], forward, after_prefill: bool) -> None:
-        try:
-            logits = forward()
-        except Exception as exc:  # noqa: BLE001 - a failed forward must not lose the slots
-            log.exception("forward failed for turns %s", [r.rid for r in reqs])
-            for req in reqs:
-                self._fail(req, StatusCode.INTERNAL, f"model forward failed: {exc}")
-            return
-        if after_prefill:  # sample only for turns whose input is now all folded in
-            rows = [i for i, req in enumerate(reqs) if not input_left(req)]
-            for i in rows:
-                if reqs[i].sampling.max_new_tokens == 0:
-                    self._end_turn(reqs[i], FinishReason.LENGTH)
-                else:
-                    self._generators[reqs[i].rid] = make_generator(reqs[i])
-            rows = [i for i in rows if reqs[i].sampling.max_new_tokens]
-            logits, reqs = logits[rows], [reqs[i] for i in rows]
-        for req, token in zip(reqs, sample(logits, reqs, self._generators)):
-            self._accept(req, token)
-
-    def _accept(self, req: Req, token: int) -> None:
-        req.output_ids.append(token)
-        detok = self._detok.setdefault(req.rid, IncrementalDetokenizer(self.tokenizer))
-        text = detok.push(token)
-        if token in req.sampling.stop_token_ids:
-            self._end_turn(req, FinishReason.STOP, (token,), text)
-        elif len(req.output_ids) >= req.sampling.max_new_tokens:
-            self._end_turn(req, FinishReason.LENGTH, (token,), text)
-        else:
-            self._emit(self.sessions.get(req.session_id), req, token_ids=(token,), text=text)
-
-    def _end_turn(
-        self, req: Req, reason: FinishReason, tokens: tuple[int, ...] = (), text: str = ""
-    ) -> None:
-        self.scheduler.finish(req)
-        slot = self.sessions.save_from_req(req)
-        detok = self._detok.pop(req.rid, None)
-        self._generators.pop(req.rid, None)
-        self._emit_end(req, reason, slot, tokens, text + (detok.flush() if detok else ""))
-
-    def _emit_end(
-        self,
-        req: Req,
-        reason: FinishReason,
-        slot: SessionSlot,
-        tokens: tuple[int, ...] = (),
-        text: str = "",
-    ) -> None:
-        self._emit(
-            slot,
-            req,
-            token_ids=tokens,
-            text=text,
-            finish_reason=reason,
-            committed_tokens=slot.committed_tokens,
-        )
-
-    def _fail(self, req: Req, code: StatusCode, why: str) -> None:
-        self.scheduler.finish(req)
-        slot = self.sessions.rollback(req)
-        self._detok.pop(req.rid, None)
-        self._generators.pop(req.rid, None)
-        self._emit(slot, req, committed_tokens=slot.committed_tokens, error_code=code, error=why)
-
-    def _emit(self, slot: SessionSlot, req: Req, **fields) -> None:
-        """An event of ``req``'s turn, addressed to its session's gateway. ``slot`` is the
-        session's record, passed in because a session closed during its turn is already gone
-        from the table when the turn's last event is emitted."""
-        self._events.append(
-            TurnEvent(req.session_id, req.rid, gateway_id=slot.gateway_id, **fields)
-        )
-
     def take_events(self) -> list[TurnEvent]:
-        events, self._events = self._events, []
-        return events
+        return self.turns.take()
 
     # ----- accounting -----------------------------------------------------------------------
 
