@@ -1,16 +1,17 @@
 """``ReplicaActor``: the Ray actor that owns one replica's engine, pools and sessions.
 
 Token delivery: each gateway keeps one long-lived streaming call, ``stream_outputs(gateway_id)``,
-per replica. Every item is everything one engine step produced for that gateway's sessions
-(tokens, finishes, errors), so a turn costs one actor call to submit and no Ray round trip per
-token. A turn's events go to the gateway that submitted it (``TurnEvent.gateway_id``, taken from
-the session's record when the engine emits the event).
+per replica (``replica.gateway_outputs``), so a turn costs one actor call to submit and no Ray
+round trip per token.
 
 Refusals come back as ``ActorError`` values (a gRPC status name and a message), never as raised
 exceptions, so callers map them without unwrapping Ray errors. The actor pushes its
-``PoolSnapshot`` (and the sessions it released on its own, e.g. idle timeouts) to the router
-about every second; when the router does not know it (a restarted router), it registers again
-with the sessions it holds and their tenants, so the router can rebuild its table.
+``PoolSnapshot`` to the router about every second (``replica.reporting``).
+
+A replica whose engine loop dies is dead even though its process lives: it ends every session's
+call with ABORTED at once (an event to each session's gateway), tells the router (which marks it
+DEAD and stops placing on it), stops reporting snapshots and answers ``ping`` with False; every
+later call is refused with ABORTED. The serve process then kills it and starts a replacement.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections import defaultdict
 from typing import Any
 
 from replica.api import (
@@ -32,9 +32,10 @@ from replica.api import (
     SamplingParams,
     SessionInfo,
     StatusCode,
-    TurnEvent,
 )
 from replica.config import ReplicaConfig
+from replica.gateway_outputs import GatewayOutputs
+from replica.reporting import RouterReporter
 
 log = logging.getLogger(__name__)
 
@@ -63,37 +64,61 @@ class ReplicaActor:
         self.engine = Engine(self.config, net, tokenizer, replica_id)
         self.router = router
         self.report_interval_s = report_interval_s
-        self._outputs: dict[str, asyncio.Queue] = defaultdict(asyncio.Queue)
-        self._released: list[str] = []  # released on the replica's own account, to report
+        self.outputs = GatewayOutputs()
         self._async = None
-        self._reporter: asyncio.Task | None = None
+        self._reporter: RouterReporter | None = None
+        self._tasks: set[asyncio.Task] = set()  # the report loop, the death report
 
     async def _ensure_started(self) -> None:
         if self._async is None:
             from replica.engine.async_engine import AsyncEngine
 
-            self._async = AsyncEngine(self.engine, self._dispatch, self._note_released)
+            self._async = AsyncEngine(
+                self.engine,
+                self.outputs.dispatch,
+                self._note_released,
+                on_failed=self._engine_failed,
+            )
             if self.router is not None:
-                self._reporter = asyncio.get_running_loop().create_task(self._report_loop())
+                self._reporter = RouterReporter(
+                    self.replica_id,
+                    self.router,
+                    lambda: self._async.latest_snapshot,
+                    self._registration,
+                    self.report_interval_s,
+                    "drop_snapshots" in self.config.failpoints,
+                )
+                self._spawn(self._reporter.run())
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _registration(self) -> tuple:
+        import ray
+
+        return (
+            ray.get_runtime_context().current_actor,
+            await self.describe(),
+            await self._call(self.engine.session_tenants),
+            self._async.latest_snapshot,
+        )
 
     def _note_released(self, session_ids: list[str]) -> None:
-        self._released.extend(session_ids)
+        if self._reporter is not None:
+            self._reporter.note_released(session_ids)
 
-    def _dispatch(self, events: list[TurnEvent]) -> None:
-        by_gateway: dict[str, list[TurnEvent]] = defaultdict(list)
-        for event in events:
-            if event.gateway_id:
-                by_gateway[event.gateway_id].append(event)
-        for gateway, batch in by_gateway.items():
-            self._outputs[gateway].put_nowait(batch)
+    def _engine_failed(self, error: BaseException) -> None:
+        """The engine loop died: end every session's call now, and tell the router."""
+        sessions = self.engine.sessions.sessions  # the engine thread is gone: safe to read
+        self.outputs.abort_sessions({sid: slot.gateway_id for sid, slot in sessions.items()})
+        if self._reporter is not None:
+            why = f"engine loop failed: {type(error).__name__}: {error}"
+            self._spawn(self._reporter.report_death(why))
 
     async def _call(self, fn, *args) -> Any:
         await self._ensure_started()
-        if self._async.error is not None:
-            return ActorError(
-                StatusCode.UNAVAILABLE,
-                f"replica {self.replica_id} engine failed: {self._async.error}",
-            )
         try:
             return await self._async.call(fn, *args)
         except ReplicaError as exc:
@@ -122,12 +147,16 @@ class ReplicaActor:
         idle_timeout_s: float = 0.0,
         gateway_id: str = "",
         tenant: str = "",
+        lease_s: float = 0.0,
     ) -> Opened | ActorError:
         """Open a session; the reply carries the snapshot taken right after, so the router's
-        view of this replica's room is never older than its own placements."""
+        view of this replica's room is never older than its own placements. ``lease_s`` > 0:
+        a stream holds it open (see ``hold_sessions``) from the start."""
 
         def open_one() -> Opened:
             info = self.engine.open_session(session_id, idle_timeout_s, tenant, gateway_id)
+            if lease_s > 0:
+                self.engine.leases.hold([session_id], lease_s)
             return Opened(info, self.engine.snapshot())
 
         return await self._call(open_one)
@@ -158,6 +187,11 @@ class ReplicaActor:
         return await self._call(
             lambda: self.engine.submit(session_id, ids, sampling, gateway_id).rid
         )
+
+    async def hold_sessions(self, session_ids: list[str], lease_s: float) -> None | ActorError:
+        """Suspend the idle timeout of these sessions for ``lease_s`` seconds: their Converse
+        streams are open (the gateway renews this well within ``lease_s``)."""
+        return await self._call(self.engine.leases.hold, session_ids, lease_s)
 
     async def interrupt(self, session_id: str) -> bool | ActorError:
         return await self._call(self.engine.interrupt, session_id)
@@ -197,42 +231,10 @@ class ReplicaActor:
     async def stream_outputs(self, gateway_id: str):
         """Long-lived stream: one item per engine step with events for ``gateway_id``."""
         await self._ensure_started()
-        queue = self._outputs[gateway_id]
-        while True:
-            batch = await queue.get()
-            while not queue.empty():  # coalesce steps the gateway has not taken yet
-                batch.extend(queue.get_nowait())
+        async for batch in self.outputs.stream(gateway_id):
             yield batch
 
     async def shutdown(self) -> None:
         if self._async is not None:
             await self._call(self.engine.close_all, ReleaseReason.ABORTED)
             self._async.stop()
-
-    # ----- reporting to the router ------------------------------------------------------------
-
-    async def _report_loop(self) -> None:
-        import ray
-
-        while True:
-            if "drop_snapshots" in self.config.failpoints:
-                await asyncio.sleep(self.report_interval_s)
-                continue
-            try:
-                released, self._released = self._released, []
-                try:
-                    known = await self.router.report.remote(self._async.latest_snapshot, released)
-                except Exception:
-                    self._released = released + self._released  # tell the router next time
-                    raise
-                if not known:
-                    await self.router.register_replica.remote(
-                        self.replica_id,
-                        ray.get_runtime_context().current_actor,
-                        await self.describe(),
-                        await self._call(self.engine.session_tenants),
-                        self._async.latest_snapshot,
-                    )
-            except Exception as exc:  # noqa: BLE001 - the router may be restarting
-                log.warning("snapshot report to the router failed: %s", exc)
-            await asyncio.sleep(self.report_interval_s)

@@ -25,20 +25,49 @@ class RouterConfig:
         5.0, "a replica whose latest snapshot is older than this is probed, then declared dead"
     )
     health_interval_s: float = setting(1.0, cli=False)
+    dead_replica_retention_s: float = setting(
+        300.0, "a dead replica stays listed (DEAD, replica_up 0) this long, then leaves /metrics"
+    )
 
     def __post_init__(self) -> None:
         if self.open_timeout_s < 0:
             raise ValueError("--open-timeout-s must be >= 0")
         if self.stale_after_s <= 0 or self.health_interval_s <= 0:
             raise ValueError("--stale-after-s must be positive")
+        if self.dead_replica_retention_s < 0:
+            raise ValueError("--dead-replica-retention-s must be >= 0")
 
 
 @dataclass(frozen=True)
 class GatewayConfig:
     grpc_port: int = setting(50051, "gRPC port (0: any free port)")
     metrics_port: int = setting(9400, "Prometheus /metrics port (0: any free port)")
-    host: str = setting("0.0.0.0", "interface to listen on")
-    api_keys: str | None = setting(None, "file of 'KEY TENANT' lines; default: no auth")
+    host: str = setting(
+        "127.0.0.1", "interface gRPC and metrics listen on (0.0.0.0: all interfaces)"
+    )
+    api_keys: str | None = setting(
+        None, "file of 'KEY TENANT [admin]' lines; AdminService takes admin keys only"
+    )
+    tls_cert: str | None = setting(None, "PEM certificate chain: serve gRPC over TLS only")
+    tls_key: str | None = setting(None, "PEM private key of --tls-cert")
+    tls_client_ca: str | None = setting(
+        None, "PEM CA bundle: clients must present a certificate it signed (mutual TLS)"
+    )
+    keepalive_s: float = setting(
+        30.0, "ping idle gRPC connections this often; drop a peer that does not answer in as long"
+    )
+
+    def __post_init__(self) -> None:
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("--tls-cert and --tls-key go together")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
+        if self.keepalive_s <= 0:
+            raise ValueError("--keepalive-s must be positive")
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_cert)
 
 
 @dataclass(frozen=True)
@@ -49,6 +78,9 @@ class ServeConfig:
     namespace: str = setting(NAMESPACE, "Ray namespace of the cluster's named actors")
     replicas: int = setting(2, "replica actors to start")
     replica_gpus: float = setting(0.0, "GPUs per replica (0: CPU replicas)")
+    replica_start_timeout_s: float = setting(
+        120.0, "start-up fails, saying why, when a replica is not up after this long"
+    )
     replica: ReplicaConfig = nested(ReplicaConfig)
     router: RouterConfig = nested(RouterConfig)
     gateway: GatewayConfig = nested(GatewayConfig)
@@ -58,6 +90,8 @@ class ServeConfig:
             raise ValueError("--replicas must be at least 1")
         if self.replica_gpus < 0:
             raise ValueError("--replica-gpus must be >= 0")
+        if self.replica_start_timeout_s <= 0:
+            raise ValueError("--replica-start-timeout-s must be positive")
 
     @classmethod
     def from_flags(cls, **flags: Any) -> ServeConfig:

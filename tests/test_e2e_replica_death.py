@@ -1,6 +1,7 @@
 """End to end: a replica killed under its sessions. Its sessions' next turn is ABORTED (and a
 turn streaming when it died ends ABORTED instead of hanging), the other replica's sessions are
-untouched, new sessions go to the survivor, and ListReplicas shows the dead one DEAD.
+untouched, new sessions never go to the dead one, ListReplicas shows it DEAD, and a replacement
+brings the cluster back to --replicas replicas.
 
 The test kills a replica, so the module has its own Server.
 """
@@ -69,9 +70,9 @@ def test_replica_death(server):
         ids, reason, now = drain_stream(s.generate(tokens=[9], max_new_tokens=2))
         assert (len(ids), reason, now) == (2, pb.FINISH_REASON_LENGTH, committed[s.id] + 3)
 
-    # new sessions land on the survivor only
+    # new sessions never land on the dead replica
     fresh = [client.open() for _ in range(4)]
-    assert {s.replica_id for s in fresh} == {survivor}
+    assert victim not in {s.replica_id for s in fresh}
     for s in fresh:
         drain_stream(s.generate(tokens=[1, 2], max_new_tokens=2))
 
@@ -87,16 +88,20 @@ def test_replica_death(server):
     )
     assert states()[survivor] == pb.REPLICA_STATE_HEALTHY
     server.assert_no_leaks([survivor])
+    live = server.wait_healed()  # the cluster is back to --replicas: a replacement joined
+    assert victim not in live and victim not in server.replicas and len(live) == 2
 
     for s in spared + fresh:
         assert s.close() is True
-    server.wait_at_capacity([survivor])
+    server.wait_at_capacity(live)
     client.close()
 
 
 def test_router_detects_a_silent_death(server):
     """A replica no gateway streams from dies: the router's stale-snapshot check and failed ping
-    mark it DEAD on their own, and placement stops choosing it."""
+    mark it DEAD on their own, and placement stops choosing it. It was an extra replica
+    (beyond --replicas), so it is not replaced."""
+    server.wait_healed()
     (added,) = server.call(server.server.start_replicas(1))
     client = SessionClient(server.address)
 
@@ -134,7 +139,7 @@ def test_router_restart_rebuilds_the_session_table(server):
     """The router actor dies and Ray restarts it empty: the replicas re-register with the sessions
     they hold, so those sessions stay routable and closable, and placement works again."""
     client = SessionClient(server.address)
-    alive = [r.replica_id for r in client.replicas() if r.state == pb.REPLICA_STATE_HEALTHY]
+    alive = server.wait_healed()
     sessions = [client.open() for _ in range(4)]
     for s in sessions:
         drain_stream(s.generate(tokens=[3, 1, 4], max_new_tokens=2))
@@ -162,14 +167,15 @@ def test_router_restart_rebuilds_the_session_table(server):
     client.close()
 
 
-def test_a_replica_declared_dead_by_mistake_rejoins_empty(server):
+def test_a_replica_declared_dead_by_mistake_is_killed_and_replaced(server):
     """A false alarm (say a long pause made its snapshots stale): the router declared a live
-    replica dead and told its sessions' clients ABORTED. When the replica reports again it is
-    fenced: it releases those sessions (reason replica_lost) and rejoins empty and healthy."""
+    replica dead and told its sessions' clients ABORTED. Its state must not come back, so the
+    serve process kills it for good and a replacement takes its place."""
     client = SessionClient(server.address)
-    alive = [r.replica_id for r in client.replicas() if r.state == pb.REPLICA_STATE_HEALTHY]
+    alive = server.wait_healed()
     sessions = [client.open() for _ in range(2 * len(alive))]
     victim = sessions[0].replica_id
+    handle = server.replicas[victim]
     mine = [s for s in sessions if s.replica_id == victim]
     ray.get(server.server.router.replica_failed.remote(victim, "false alarm in a test"))
 
@@ -182,24 +188,21 @@ def test_a_replica_declared_dead_by_mistake_rejoins_empty(server):
 
     for s in mine:
         wait_for(lambda s=s: aborted(s), 5, 0.2, "calls on the dead replica's sessions to abort")
-
-    def rejoined() -> bool:
-        states = {r.replica_id: r.state for r in client.replicas()}
-        return states[victim] == pb.REPLICA_STATE_HEALTHY and not server.sessions_on([victim])[
-            victim
-        ] & {s.id for s in mine}
-
-    wait_for(rejoined, 15, 0.2, "the fenced replica to release its sessions and rejoin")
+    live = server.wait_healed()
+    assert victim not in live
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(handle.ping.remote(), timeout=30)
     for s in sessions:
         if s not in mine:
             assert s.close() is True
-    server.wait_at_capacity(alive)
+    server.wait_at_capacity(live)
     client.close()
 
 
 def test_drain_replica_keeps_its_sessions_and_takes_no_new_ones(server):
     client = SessionClient(server.address)
-    (added,) = server.call(server.server.start_replicas(1))  # earlier tests left one healthy
+    server.wait_healed()
+    (added,) = server.call(server.server.start_replicas(1))
     wait_for(
         lambda: any(r.replica_id == added and r.pools for r in client.replicas()),
         10,

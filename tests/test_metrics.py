@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 import urllib.request
@@ -9,6 +10,7 @@ import urllib.request
 import pytest
 from prometheus_client import generate_latest
 
+from router.control.views import ReplicaHealth
 from router.gateway.metrics import RELEASE_REASONS, build_registry, serve_metrics
 from tests.support.metrics import cluster_views, parse_samples, select
 
@@ -109,9 +111,31 @@ def test_health_and_dead_replica_without_snapshot(exposition):
         r: select(samples, "session_router_replica_draining", replica=r)
         for r in ("replica-a", "replica-b", "replica-c")
     }
-    assert draining == {"replica-a": [0], "replica-b": [1], "replica-c": [0]}
+    assert draining == {"replica-a": [0], "replica-b": [1], "replica-c": []}
     assert select(samples, "session_router_pool_slots", replica="replica-c") == []
     assert select(samples, "session_router_snapshot_age_seconds", replica="replica-c") == []
+
+
+def test_a_dead_replica_exports_up_and_counters_only():
+    """Issue 8: a dead replica's last gauges stayed in /metrics forever, inflating cluster-wide
+    free-slot sums and firing the pinned-vs-held alert next to ReplicaDown."""
+    views = cluster_views()
+    alive = parse_samples(generate_latest(build_registry(lambda: views)[0]).decode())
+    healthy = views[0]
+    views[0] = dataclasses.replace(healthy, health=ReplicaHealth.DEAD)
+    samples = parse_samples(generate_latest(build_registry(lambda: views)[0]).decode())
+    names = {name for (name, items) in samples if ("replica", "replica-a") in items}
+    assert names == {
+        "session_router_replica_up",
+        "session_router_sessions_opened_total",
+        "session_router_sessions_released_total",
+    }
+    assert select(samples, "session_router_replica_up", replica="replica-a") == [0]
+    free = sum(select(samples, "session_router_pool_slots", pool="mamba", state="free"))
+    assert free == sum(select(alive, "session_router_pool_slots", pool="mamba", state="free")) - 6
+    views.pop(0)  # the router forgot it: nothing of it is left
+    gone = parse_samples(generate_latest(build_registry(lambda: views)[0]).decode())
+    assert not [key for key in gone if ("replica", "replica-a") in key[1]]
 
 
 def test_gateway_metrics(exposition):

@@ -53,7 +53,7 @@ def test_parse_table_reads_every_replica(metrics_url):
         mamba.leaked,
     ) == (8, 6, 2, 0, 16, 0)
     assert b.pools[0].leaked == 2 and b.leaked == 2 and a.leaked == 0
-    assert (c.sessions, c.pinned, c.snapshot_age_s, c.pools) == (None, 0, None, ())
+    assert (c.sessions, c.pinned, c.snapshot_age_s, c.pools) == (None, None, None, ())
 
 
 def test_render_shows_the_numbers_and_marks_leaks(metrics_url):

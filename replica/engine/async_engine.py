@@ -6,6 +6,10 @@ receive each step's ``TurnEvent``s through the ``on_events`` callback, called on
 The engine thread never blocks on the event loop, and the event loop never waits for a step.
 Between steps the thread also releases idle sessions and publishes a fresh ``PoolSnapshot``
 (``latest_snapshot``) about every ``snapshot_interval_s``, so readers never touch the pools.
+
+If the engine loop dies (an error no turn owns), ``error`` is set, every command queued or sent
+later fails with ``EngineFailedError``, and ``on_failed(error)`` is called once on the event loop:
+the engine is dead for good, and the replica with it.
 """
 
 from __future__ import annotations
@@ -18,12 +22,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from replica.api import PoolSnapshot, TurnEvent
+from replica.api import PoolSnapshot, ReplicaError, StatusCode, TurnEvent
 from replica.engine.engine import Engine
 
 log = logging.getLogger(__name__)
 
 IDLE_TICK_S = 0.05
+
+
+class EngineFailedError(ReplicaError):
+    """The engine loop died: the replica's sessions and their state are gone."""
+
+    code = StatusCode.ABORTED
 
 
 class AsyncEngine:
@@ -33,10 +43,12 @@ class AsyncEngine:
         on_events: Callable[[list[TurnEvent]], None],
         on_released: Callable[[list[str]], None] | None = None,
         snapshot_interval_s: float = 0.25,
+        on_failed: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.engine = engine
         self._on_events = on_events
         self._on_released = on_released
+        self._on_failed = on_failed
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._loop = asyncio.get_running_loop()
         self._stop = threading.Event()
@@ -47,7 +59,10 @@ class AsyncEngine:
         self._thread.start()
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run ``fn(*args)`` on the engine thread between steps; returns or raises its result."""
+        """Run ``fn(*args)`` on the engine thread between steps; returns or raises its result
+        (``EngineFailedError`` once the engine loop has died)."""
+        if self.error is not None:
+            raise self._failure()
         future = self._loop.create_future()
         self._commands.put((fn, args, future))
         return await future
@@ -72,6 +87,25 @@ class AsyncEngine:
         except BaseException as exc:  # noqa: BLE001 - reported to the actor, which goes unhealthy
             log.exception("engine thread died")
             self.error = exc
+            self._loop.call_soon_threadsafe(self._failed)
+
+    def _failure(self) -> EngineFailedError:
+        return EngineFailedError(
+            f"replica {self.engine.replica_id}: the engine loop failed ({self.error!r}); "
+            "its sessions are gone: open a new session"
+        )
+
+    def _failed(self) -> None:
+        """On the event loop, once the engine loop has died: fail the commands it will never
+        run (``call`` refuses new ones from now on), then tell the owner."""
+        while True:
+            try:
+                _, _, future = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            _set_exception(future, self._failure())
+        if self._on_failed is not None:
+            self._on_failed(self.error)
 
     def _apply_commands(self, block: bool) -> None:
         try:

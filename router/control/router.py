@@ -2,8 +2,10 @@
 
 It owns the session table (session_id -> replica, tenant, last_active) and the replica registry
 (handle, latest ``PoolSnapshot``, health). It places new sessions by real free capacity
-(``router.control.placement``), waits up to ``open_timeout_s`` for room, and detects dead replicas
-(failed calls, stale snapshots, failed pings). A session's state lives only on its replica: the
+(``router.control.placement``), waits up to ``open_timeout_s`` (or the caller's deadline) for
+room, and leaves no session behind for a caller that has gone (``router.control.opens``). It
+detects dead replicas (failed calls, a replica's report that its engine died, stale snapshots and
+failed pings: ``router.control.health``). A session's state lives only on its replica: the
 router never routes a session elsewhere; a session whose replica died is answered ABORTED.
 After its own restart the router rebuilds its table from the replicas, which re-register with
 the sessions they hold when their next snapshot report is not recognised.
@@ -18,16 +20,20 @@ import secrets
 import time
 from typing import Any
 
+from cachetools import LRUCache
+
 from replica.api import (
     ActorError,
     PoolSnapshot,
     ReleaseReason,
     ReplicaDescription,
     StatusCode,
+    clip_id,
     replica_lost_message,
 )
 from router.config import RouterConfig
-from router.control.placement import choose_replica, room_report
+from router.control.health import HealthWatch
+from router.control.opens import Opener
 from router.control.table import ReplicaEntry, Route, SessionState, SessionTable
 from router.control.views import ReplicaHealth, ReplicaView
 
@@ -39,22 +45,24 @@ ROUTER_NAME = "session-router"
 class SessionRouter:
     def __init__(self, config: RouterConfig | None = None) -> None:
         config = config or RouterConfig()
-        self.open_timeout_s = config.open_timeout_s
-        self.stale_after_s = config.stale_after_s
-        self.health_interval_s = config.health_interval_s
         self.replicas: dict[str, ReplicaEntry] = {}
         self.sessions = SessionTable()
-        self._room = asyncio.Condition()
-        self._opening: dict[str, asyncio.Future] = {}  # opens in flight, by session id
+        self.opener = Opener(
+            self.replicas, self.sessions, self._view, self.replica_failed, config.open_timeout_s
+        )
+        self.health = HealthWatch(
+            self.replicas,
+            self.replica_failed,
+            config.stale_after_s,
+            config.health_interval_s,
+            config.dead_replica_retention_s,
+        )
+        self._fenced: LRUCache[str, bool] = LRUCache(10_000)  # incarnations declared dead
         self._health_task: asyncio.Task | None = None
 
     def _start(self) -> None:
         if self._health_task is None:
-            self._health_task = asyncio.get_running_loop().create_task(self._health_loop())
-
-    async def _notify_room(self) -> None:
-        async with self._room:
-            self._room.notify_all()
+            self._health_task = asyncio.get_running_loop().create_task(self.health.run())
 
     # ----- replicas -----------------------------------------------------------------------
 
@@ -70,11 +78,7 @@ class SessionRouter:
         self._start()
         tenants = dict(tenants or {})
         entry = self.replicas.get(replica_id)
-        fenced = (
-            entry is not None
-            and entry.health == ReplicaHealth.DEAD
-            and entry.desc.incarnation == desc.incarnation
-        )
+        fenced = desc.incarnation in self._fenced
         if fenced and tenants:
             # Declared dead (its clients were told ABORTED) but alive after all: its sessions
             # must not come back, so the replica releases them and rejoins empty.
@@ -93,7 +97,7 @@ class SessionRouter:
         for sid, tenant in tenants.items():
             self.sessions.pin(sid, replica_id, tenant)
         log.info("replica %s registered with %d sessions", replica_id, len(tenants))
-        await self._notify_room()
+        await self.opener.notify_room()
 
     async def report(self, snapshot: PoolSnapshot, released: list[str]) -> bool:
         """A replica's periodic snapshot; False when the replica must register (again)."""
@@ -106,7 +110,7 @@ class SessionRouter:
             return False
         for sid in released:
             self.sessions.forget(sid)
-        await self._notify_room()
+        await self.opener.notify_room()
         return True
 
     async def replica_failed(self, replica_id: str, why: str) -> None:
@@ -114,33 +118,25 @@ class SessionRouter:
         entry = self.replicas.get(replica_id)
         if entry is None or entry.health == ReplicaHealth.DEAD:
             return
-        entry.health = ReplicaHealth.DEAD
+        entry.health, entry.died_at = ReplicaHealth.DEAD, time.monotonic()
+        self._fenced[entry.desc.incarnation] = True
         lost = self.sessions.abort_replica(replica_id)
         entry.lost += lost
         log.error("replica %s is dead (%s); %d sessions lost", replica_id, why, lost)
 
-    async def _health_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.health_interval_s)
-            now = time.monotonic()
-            for replica_id, entry in list(self.replicas.items()):
-                if entry.health == ReplicaHealth.DEAD:
-                    continue
-                if now - entry.reported_at > self.stale_after_s:
-                    await self._probe(replica_id, entry, "snapshot stale")
-
-    async def _probe(self, replica_id: str, entry: ReplicaEntry, why: str) -> None:
-        try:
-            ok = await asyncio.wait_for(entry.handle.ping.remote(), timeout=self.stale_after_s)
-        except Exception as exc:  # noqa: BLE001 - any failure to answer is death
-            ok, why = False, f"{why}; ping failed: {type(exc).__name__}"
-        if not ok:
-            await self.replica_failed(replica_id, why)
-
     async def drain(self, replica_id: str, draining: bool = True) -> ReplicaView | ActorError:
+        """Drain a replica (it keeps its sessions, takes no new ones), or resume it."""
         entry = self.replicas.get(replica_id)
         if entry is None:
-            return ActorError(StatusCode.NOT_FOUND, f"no replica {replica_id!r}; see ListReplicas")
+            return ActorError(
+                StatusCode.NOT_FOUND, f"no replica {clip_id(replica_id)!r}; see ListReplicas"
+            )
+        if entry.health == ReplicaHealth.DEAD and not draining:
+            return ActorError(
+                StatusCode.FAILED_PRECONDITION,
+                f"replica {replica_id} is dead and cannot be resumed; a replacement takes its "
+                "place (see ListReplicas)",
+            )
         if entry.health != ReplicaHealth.DEAD:
             await entry.handle.drain.remote(draining)
             entry.health = ReplicaHealth.DRAINING if draining else ReplicaHealth.HEALTHY
@@ -160,94 +156,46 @@ class SessionRouter:
         tenant: str = "",
         gateway_id: str = "",
         session_id: str = "",
+        wait_s: float | None = None,
+        lease_s: float = 0.0,
     ) -> Route | ActorError:
-        """Place a new session; waits up to ``open_timeout_s`` for room.
+        """Place a new session; waits for room up to ``open_timeout_s`` or ``wait_s`` (what
+        is left of the caller's deadline), whichever is shorter. ``lease_s`` > 0: a stream
+        holds the session open (``ReplicaActor.hold_sessions``).
 
         Idempotent per ``session_id`` (the caller may choose it, 128-bit random): a retry of an
         open that already ran, or is running, returns the same session instead of a second one.
+        An open abandoned by its caller (``abandon_open``) leaves no session behind.
         """
         self._start()
         session_id = session_id or secrets.token_hex(16)
-        if session_id in self._opening:
-            return await asyncio.shield(self._opening[session_id])
-        if session_id in self.sessions:
+        if session_id not in self.opener.running and session_id in self.sessions:
             route = await self.route(session_id, tenant)
             if isinstance(route, ActorError):
                 return route
             info = await route.handle.get_session.remote(session_id)
             return info if isinstance(info, ActorError) else dataclasses.replace(route, info=info)
-        opening = self._opening[session_id] = asyncio.get_running_loop().create_future()
-        try:
-            result = await self._place(session_id, idle_timeout_s, tenant, gateway_id)
-            opening.set_result(result)
-            return result
-        finally:
-            del self._opening[session_id]
-            if not opening.done():
-                opening.cancel()
+        return await self.opener.open(
+            session_id, idle_timeout_s, tenant, gateway_id, wait_s, lease_s
+        )
 
-    async def _place(
-        self, session_id: str, idle_timeout_s: float, tenant: str, gateway_id: str
-    ) -> Route | ActorError:
-        deadline = time.monotonic() + self.open_timeout_s
-        refused: dict[str, int] = {}
-        while True:
-            views = [self._view(rid) for rid in self.replicas]
-            reserved = {rid: e.reserved + refused.get(rid, 0) for rid, e in self.replicas.items()}
-            replica_id = choose_replica(views, reserved)
-            if replica_id is not None:
-                route = await self._open_on(
-                    replica_id, session_id, idle_timeout_s, tenant, gateway_id
-                )
-                if not isinstance(route, ActorError):
-                    return route
-                if route.code != StatusCode.RESOURCE_EXHAUSTED:
-                    return route
-                refused[replica_id] = 10**6  # full after all: skip it until its next snapshot
-                continue
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return ActorError(
-                    StatusCode.RESOURCE_EXHAUSTED, room_report(views, reserved).message()
-                )
-            try:
-                async with self._room:
-                    await asyncio.wait_for(self._room.wait(), timeout=left)
-            except asyncio.TimeoutError:
-                pass
-            refused.clear()
-
-    async def _open_on(
-        self, replica_id: str, session_id: str, idle_timeout_s: float, tenant: str, gateway_id: str
-    ) -> Route | ActorError:
-        entry = self.replicas[replica_id]
-        entry.reserved += 1  # in flight: not in any snapshot yet
-        try:
-            opened = await entry.handle.open_session.remote(
-                session_id, idle_timeout_s, gateway_id, tenant
-            )
-        except Exception as exc:  # noqa: BLE001 - the replica died under us
-            await self.replica_failed(replica_id, f"open_session failed: {exc}")
-            return ActorError(StatusCode.RESOURCE_EXHAUSTED, f"replica {replica_id} failed; retry")
-        finally:
-            entry.reserved -= 1
-        if isinstance(opened, ActorError):
-            return opened
-        entry.take(opened.snapshot)  # counts the new session
-        self.sessions.pin(session_id, replica_id, tenant)
-        return Route(session_id, replica_id, entry.handle, opened.info, tenant)
+    async def abandon_open(self, session_id: str) -> None:
+        """The caller of the open of ``session_id`` has gone (cancelled, deadline passed): the
+        open must leave no session behind, whether it waits, runs or has already landed."""
+        await self.opener.abandon(session_id)
 
     async def route(self, session_id: str, tenant: str = "") -> Route | ActorError:
         session = self.sessions.get(session_id)
         if session is None:
             return ActorError(
-                StatusCode.NOT_FOUND, f"session {session_id} is not open; open a new one"
+                StatusCode.NOT_FOUND, f"session {clip_id(session_id)} is not open; open a new one"
             )
         if session.state == SessionState.ABORTED:
             return ActorError(StatusCode.ABORTED, replica_lost_message(session_id))
         if session.tenant and session.tenant != tenant:
             return ActorError(
-                StatusCode.PERMISSION_DENIED, f"session {session_id} belongs to another tenant"
+                StatusCode.PERMISSION_DENIED,
+                f"session {clip_id(session_id)} belongs to another tenant",
             )
         entry = self.replicas[session.replica_id]
         return Route(session_id, session.replica_id, entry.handle, tenant=session.tenant)
@@ -260,7 +208,7 @@ class SessionRouter:
             self.replicas[snapshot.replica_id].take(snapshot)
         for sid in session_ids:
             self.sessions.forget(sid)
-        await self._notify_room()
+        await self.opener.notify_room()
 
     async def session_count(self) -> int:
         return len(self.sessions)

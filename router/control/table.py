@@ -92,6 +92,7 @@ class ReplicaEntry:
     reported_at: float = field(default_factory=time.monotonic)
     reserved: int = 0  # opens in flight, which no snapshot counts yet
     lost: int = 0  # sessions lost when the replica died
+    died_at: float | None = None  # time.monotonic() when it was declared dead
 
     def take(self, snapshot: PoolSnapshot) -> None:
         """Keep ``snapshot`` when it is newer than the one held (periodic reports and the

@@ -8,6 +8,7 @@ status code and a message that says what to do.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
@@ -26,7 +27,7 @@ from replica.api import (
     replica_lost_message,
 )
 from router.control.table import Route
-from router.gateway.auth import ApiKeys, Unauthenticated
+from router.gateway.auth import ApiKeys, Caller, Unauthenticated
 from router.gateway.background import Background
 from router.gateway.cluster_view import ClusterView
 from router.gateway.convert import Refused, check, chunk_from_event, sampling_from_proto, turn_input
@@ -61,11 +62,22 @@ class Gateway:
 
     # ----- steps of the RPCs ----------------------------------------------------------------
 
-    def tenant(self, context: grpc.aio.ServicerContext) -> str:
+    def caller(self, context: grpc.aio.ServicerContext) -> Caller:
         try:
-            return self.keys.tenant_of(context.invocation_metadata())
+            return self.keys.caller_of(context.invocation_metadata())
         except Unauthenticated as exc:
             raise Refused(StatusCode.UNAUTHENTICATED, str(exc)) from None
+
+    def tenant(self, context: grpc.aio.ServicerContext) -> str:
+        return self.caller(context).tenant
+
+    def admin(self, context: grpc.aio.ServicerContext) -> None:
+        """Refuses a caller whose key is not an admin key (PERMISSION_DENIED)."""
+        if not self.caller(context).admin:
+            raise Refused(
+                StatusCode.PERMISSION_DENIED,
+                "AdminService needs an admin API key (a line 'KEY TENANT admin' in --api-keys)",
+            )
 
     async def route(self, session_id: str, tenant: str) -> Route:
         if not session_id:
@@ -74,16 +86,30 @@ class Gateway:
             )
         return check(await self.routes.lookup(session_id, tenant))
 
-    async def open(self, request: pb.OpenSessionRequest, tenant: str) -> Route:
+    async def open(
+        self,
+        request: pb.OpenSessionRequest,
+        tenant: str,
+        wait_s: float | None = None,
+        lease_s: float = 0.0,
+    ) -> Route:
+        """Open a session; waits for room at most ``wait_s`` (what is left of the caller's
+        deadline). If the call is cancelled meanwhile (the client cancelled, its deadline
+        passed), the open is abandoned at the router, which keeps no session for it."""
         timeout = request.idle_timeout_s
         if timeout < 0 or timeout != timeout:
             raise Refused(
                 StatusCode.INVALID_ARGUMENT, "idle_timeout_s must be >= 0 (0: server default)"
             )
         # the session id is chosen here so that a retried open is idempotent at the router
-        route = await self.router.call(
-            "open_session", timeout, tenant, self.gateway_id, secrets.token_hex(16)
-        )
+        session_id = secrets.token_hex(16)
+        try:
+            route = await self.router.call(
+                "open_session", timeout, tenant, self.gateway_id, session_id, wait_s, lease_s
+            )
+        except asyncio.CancelledError:
+            self.background.spawn(self.router.call("abandon_open", session_id))
+            raise
         if isinstance(route, ActorError):
             self.metrics.open_rejected_for(
                 "no_room" if route.code == StatusCode.RESOURCE_EXHAUSTED else route.code.lower()

@@ -47,9 +47,11 @@ TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.
 class ClusterCollector(Collector):
     """Per-replica pool, session and health metrics built from ``views_fn()`` at scrape time.
 
-    Every replica exports up, draining, sessions_pinned and the session counters (all five
-    release reasons, 0 when unknown); replicas with a snapshot also export the pool gauges,
-    sessions and snapshot age. A dead replica without a snapshot still exports up=0.
+    Every replica the router lists exports up and the session counters (all release reasons,
+    0 when unknown). A live replica also exports draining, sessions_pinned and, once it has a
+    snapshot, the pool gauges, sessions and snapshot age. A dead replica exports no gauge but
+    up=0 (its last snapshot describes slots that are gone, so cluster sums count live replicas
+    only), and nothing at all once the router has forgotten it (``dead_replica_retention_s``).
     """
 
     def __init__(self, views_fn: Callable[[], Sequence[ReplicaView]]) -> None:
@@ -111,16 +113,19 @@ class ClusterCollector(Collector):
         )
         for view in views:
             rid, snap = view.replica_id, view.snapshot
-            up.add_metric([rid], 0.0 if view.health == ReplicaHealth.DEAD else 1.0)
-            is_draining = view.health == ReplicaHealth.DRAINING or bool(snap and snap.draining)
-            draining.add_metric([rid], 1.0 if is_draining else 0.0)
-            pinned.add_metric([rid], view.sessions_pinned)
+            dead = view.health == ReplicaHealth.DEAD
+            up.add_metric([rid], 0.0 if dead else 1.0)
             counts = dict(snap.sessions_released_total) if snap else {}
             counts["replica_lost"] = counts.get("replica_lost", 0) + view.sessions_lost
             extra = sorted(set(counts) - set(RELEASE_REASONS))
             for reason in (*RELEASE_REASONS, *extra):
                 released.add_metric([rid, reason], counts.get(reason, 0))
             opened.add_metric([rid], snap.sessions_opened_total if snap else 0)
+            if dead:
+                continue
+            is_draining = view.health == ReplicaHealth.DRAINING or bool(snap and snap.draining)
+            draining.add_metric([rid], 1.0 if is_draining else 0.0)
+            pinned.add_metric([rid], view.sessions_pinned)
             if math.isfinite(view.snapshot_age_s):  # a replica never heard from may report inf
                 age.add_metric([rid], max(0.0, view.snapshot_age_s))
             if snap is None:

@@ -43,7 +43,8 @@ class SessionService(pb_grpc.SessionServiceServicer):
 
     async def OpenSession(self, request, context):
         async def body():
-            route = await self.gw.open(request, self.gw.tenant(context))
+            tenant = self.gw.tenant(context)
+            route = await self.gw.open(request, tenant, context.time_remaining())
             return session_to_proto(route.session_id, route.replica_id, route.info)
 
         return await run_rpc(self.gw, "OpenSession", context, body)
@@ -105,12 +106,15 @@ async def run_stream(
 
 
 class AdminService(pb_grpc.AdminServiceServicer):
+    """Admin calls. With API keys on, only admin keys are served (others: PERMISSION_DENIED,
+    no key: UNAUTHENTICATED)."""
+
     def __init__(self, gateway: Gateway) -> None:
         self.gw = gateway
 
     async def ListReplicas(self, request, context):
         async def body():
-            self.gw.tenant(context)
+            self.gw.admin(context)
             views = check(await self.gw.router.call("views"))
             return pb.ListReplicasResponse(replicas=[replica_to_proto(v) for v in views])
 
@@ -118,16 +122,62 @@ class AdminService(pb_grpc.AdminServiceServicer):
 
     async def DrainReplica(self, request, context):
         async def body():
-            self.gw.tenant(context)
+            self.gw.admin(context)
+            if request.migrate:
+                raise Refused(
+                    StatusCode.UNIMPLEMENTED,
+                    "draining with migrate=true is not available in this version; drain with "
+                    "migrate=false (the replica keeps its sessions until they end)",
+                )
             view = check(await self.gw.router.call("drain", request.replica_id))
             return pb.DrainReplicaResponse(replica=replica_to_proto(view))
 
         return await run_rpc(self.gw, "DrainReplica", context, body)
 
+    async def ResumeReplica(self, request, context):
+        async def body():
+            self.gw.admin(context)
+            view = check(await self.gw.router.call("drain", request.replica_id, False))
+            return pb.ResumeReplicaResponse(replica=replica_to_proto(view))
 
-async def start_grpc_server(gateway: Gateway, port: int, host: str = "[::]") -> grpc.aio.Server:
-    """Start the gRPC server with both services, health and reflection; returns it running."""
-    server = grpc.aio.server()
+        return await run_rpc(self.gw, "ResumeReplica", context, body)
+
+    async def MigrateSession(self, request, context):
+        async def body():
+            self.gw.admin(context)
+            raise Refused(
+                StatusCode.UNIMPLEMENTED,
+                "session migration is not available in this version; close the session and "
+                "open a new one where you want it",
+            )
+
+        return await run_rpc(self.gw, "MigrateSession", context, body)
+
+
+def server_options(keepalive_s: float) -> list[tuple[str, int]]:
+    """HTTP/2 keepalive: the server pings an idle connection every ``keepalive_s`` and drops it
+    when the ping goes unanswered, so a dead peer's streams (a Converse, and its session) end
+    instead of living forever; clients may ping as often as every 10 s."""
+    ms = int(keepalive_s * 1000)
+    return [
+        ("grpc.keepalive_time_ms", ms),
+        ("grpc.keepalive_timeout_ms", ms),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ]
+
+
+async def start_grpc_server(
+    gateway: Gateway,
+    port: int,
+    host: str = "127.0.0.1",
+    credentials: grpc.ServerCredentials | None = None,
+    keepalive_s: float = 30.0,
+) -> grpc.aio.Server:
+    """Start the gRPC server with both services, health and reflection; returns it running.
+    With ``credentials`` it serves TLS only (a plaintext client cannot connect)."""
+    server = grpc.aio.server(options=server_options(keepalive_s))
     pb_grpc.add_SessionServiceServicer_to_server(SessionService(gateway), server)
     pb_grpc.add_AdminServiceServicer_to_server(AdminService(gateway), server)
     health_servicer = health.aio.HealthServicer()
@@ -140,9 +190,13 @@ async def start_grpc_server(gateway: Gateway, port: int, host: str = "[::]") -> 
     reflection.enable_server_reflection(
         [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
     )
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    if credentials is None:
+        bound = server.add_insecure_port(address)
+    else:
+        bound = server.add_secure_port(address, credentials)
     if bound == 0:
-        raise OSError(f"cannot listen on {host}:{port}")
+        raise OSError(f"cannot listen on {address}")
     server.bound_port = bound
     await server.start()
     return server

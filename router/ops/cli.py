@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from router.config import ServeConfig
 from router.flags import add_arguments, from_arguments
+from router.ops.scheduling import ReplicaStartError
 from router.ops.serve import Server
 
 
@@ -26,13 +27,18 @@ async def serve(config: ServeConfig) -> int:
         f"session-router: starting Ray, the router and {config.replicas} replicas ({model})...",
         flush=True,
     )
-    await server.start()
+    try:
+        await server.start()
+    except ReplicaStartError as exc:
+        print(f"session-router: {exc}", file=sys.stderr, flush=True)
+        await server.stop()
+        return 1
     # After start: ray.init installs its own SIGTERM handler, which must not win over ours.
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    print(f"session-router: gRPC listening on {server.grpc_address}", flush=True)
-    print(f"session-router: metrics on {server.metrics_url}", flush=True)
+    for line in server.listening():
+        print(f"session-router: {line}", flush=True)
     print("session-router: ready (Ctrl-C or SIGTERM to stop)", flush=True)
     await stop.wait()
     print("session-router: shutting down: releasing sessions, stopping Ray", flush=True)

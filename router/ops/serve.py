@@ -1,14 +1,19 @@
 """``session-router serve``: Ray, the router actor, the replica actors, the gRPC gateway and the
 metrics endpoint, started in order and stopped cleanly (sessions released, Ray stopped).
 
-Without ``address`` an embedded local Ray instance is started; ``address="auto"`` joins a
-running cluster. Replica actors ask for ``replica_gpus`` GPUs each (CPU replicas when 0).
+Without ``address`` an embedded local Ray instance is started on loopback; ``address="auto"``
+joins a running cluster. Replica actors ask for ``replica_gpus`` GPUs each, or CPU replicas for a
+share of the cluster's CPUs (``router.ops.scheduling``); start-up fails with a report rather than
+waiting forever for replicas that cannot be scheduled. Once up, ``ReplicaSupervisor`` replaces
+dead replicas. gRPC and metrics listen on ``--host`` (loopback by default); with ``--tls-cert``
+gRPC serves TLS only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import os
 
@@ -21,8 +26,13 @@ from router.gateway.auth import ApiKeys
 from router.gateway.gateway import Gateway
 from router.gateway.metrics import build_registry, serve_metrics
 from router.gateway.service import start_grpc_server
+from router.gateway.tls import server_credentials
+from router.ops.scheduling import replica_resources, wait_until_up
+from router.ops.supervisor import ReplicaSupervisor
 
 log = logging.getLogger(__name__)
+
+ALL_INTERFACES = ("0.0.0.0", "::", "[::]", "")
 
 
 def quiet_ray_start_up() -> None:
@@ -36,21 +46,48 @@ def quiet_ray_start_up() -> None:
 class Server:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
-        self.keys = ApiKeys.load(config.gateway.api_keys)
+        gw = config.gateway
+        self.keys = ApiKeys.load(gw.api_keys)
+        self.credentials = server_credentials(gw.tls_cert, gw.tls_key, gw.tls_client_ca)
         self._started_ray = False
         self.router = None
         self.replicas: dict[str, object] = {}
+        self.starting: set[str] = set()
+        self._replica_ids = itertools.count()
+        self.supervisor: ReplicaSupervisor | None = None
         self.gateway: Gateway | None = None
         self.grpc = None
         self.metrics = None
 
     @property
+    def all_interfaces(self) -> bool:
+        return self.config.gateway.host in ALL_INTERFACES
+
+    @property
     def grpc_address(self) -> str:
-        return f"127.0.0.1:{self.grpc.bound_port}"
+        """Where a client on this machine connects."""
+        host = "127.0.0.1" if self.all_interfaces else self.config.gateway.host
+        return f"{host}:{self.grpc.bound_port}"
 
     @property
     def metrics_url(self) -> str:
         return self.metrics.url
+
+    def listening(self) -> list[str]:
+        """What ``serve`` prints once ready: where gRPC, metrics and Ray really listen."""
+        gw = self.config.gateway
+        scope = "all interfaces" if self.all_interfaces else "this interface only"
+        tls = "plaintext"
+        if gw.tls:
+            tls = "TLS, client certificates required" if gw.tls_client_ca else "TLS only"
+        host = "0.0.0.0" if self.all_interfaces else gw.host
+        ray_at = ray.get_runtime_context().gcs_address
+        ray_kind = "embedded, Ray's own ports on loopback" if self._started_ray else "joined"
+        return [
+            f"gRPC listening on {host}:{self.grpc.bound_port} ({scope}; {tls})",
+            f"metrics on http://{host}:{self.metrics.port}/metrics ({scope})",
+            f"Ray at {ray_at} ({ray_kind})",
+        ]
 
     async def start(self) -> None:
         cfg = self.config
@@ -63,8 +100,9 @@ class Server:
             }
             if cfg.address:
                 kwargs["address"] = cfg.address
-            else:  # the embedded instance stays on loopback
+            else:  # the embedded instance stays on loopback where Ray allows it
                 kwargs["_node_ip_address"] = "127.0.0.1"
+                kwargs["dashboard_host"] = "127.0.0.1"
             quiet_ray_start_up()
             ray.init(**kwargs)
             self._started_ray = True
@@ -87,8 +125,20 @@ class Server:
         host = cfg.gateway.host
         self.metrics = serve_metrics(cfg.gateway.metrics_port, registry, host)
         self.grpc = await start_grpc_server(
-            self.gateway, cfg.gateway.grpc_port, "[::]" if host == "0.0.0.0" else host
+            self.gateway,
+            cfg.gateway.grpc_port,
+            "[::]" if self.all_interfaces else host,
+            self.credentials,
+            cfg.gateway.keepalive_s,
         )
+        self.supervisor = ReplicaSupervisor(
+            self.replicas,
+            self.starting,
+            lambda: self.gateway.router.call("views", retry=False),
+            self.start_replicas,
+            cfg.replicas,
+        )
+        self.supervisor.start()
 
     def replica_threads(self) -> int:
         """Torch threads per replica: the setting, else CPU replicas share the cores (one is
@@ -99,6 +149,8 @@ class Server:
         return max(1, ((os.cpu_count() or 1) - 1) // cfg.replicas)
 
     async def start_replicas(self, count: int) -> list[str]:
+        """Start ``count`` replicas with fresh ids and register them with the router; raises
+        ``ReplicaStartError`` (saying why) when they are not up within the start-up bound."""
         from replica.actor import ReplicaActor
 
         cfg = self.config
@@ -106,32 +158,47 @@ class Server:
         replica_config = dataclasses.replace(
             cfg.replica, threads=threads, failpoints=cfg.replica.failpoints | failpoints.from_env()
         )
-        first = len(self.replicas)
-        ids = [f"replica-{i}" for i in range(first, first + count)]
-        for replica_id in ids:
-            handle = (
-                ray.remote(ReplicaActor)
-                .options(
-                    name=replica_id,
-                    namespace=cfg.namespace,
-                    num_gpus=cfg.replica_gpus,
-                    num_cpus=0 if cfg.replica_gpus else min(1, threads),
-                    max_concurrency=10_000,
-                    runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads)}},
+        ask = replica_resources(cfg.replica_gpus, cfg.replicas)
+        ids = [f"replica-{next(self._replica_ids)}" for _ in range(count)]
+        self.starting.update(ids)
+        try:
+            for replica_id in ids:
+                self.replicas[replica_id] = (
+                    ray.remote(ReplicaActor)
+                    .options(
+                        name=replica_id,
+                        namespace=cfg.namespace,
+                        num_gpus=ask["GPU"],
+                        num_cpus=ask["CPU"],
+                        max_concurrency=10_000,
+                        runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads)}},
+                    )
+                    .remote(replica_id, replica_config, self.router)
                 )
-                .remote(replica_id, replica_config, self.router)
+            descs = await wait_until_up(
+                {r: self.replicas[r].describe.remote() for r in ids},
+                ask,
+                cfg.replica_start_timeout_s,
             )
-            self.replicas[replica_id] = handle
-        descs = await asyncio.gather(*(self.replicas[r].describe.remote() for r in ids))
-        snaps = await asyncio.gather(*(self.replicas[r].snapshot.remote() for r in ids))
-        for replica_id, desc, snap in zip(ids, descs, snaps):
-            await self.router.register_replica.remote(
-                replica_id, self.replicas[replica_id], desc, {}, snap
-            )
+            snaps = await asyncio.gather(*(self.replicas[r].snapshot.remote() for r in ids))
+            for replica_id, snap in zip(ids, snaps):
+                await self.router.register_replica.remote(
+                    replica_id, self.replicas[replica_id], descs[replica_id], {}, snap
+                )
+        except BaseException:
+            for replica_id in ids:  # none of them half-started: they would hold resources
+                handle = self.replicas.pop(replica_id, None)
+                if handle is not None:
+                    ray.kill(handle, no_restart=True)
+            raise
+        finally:
+            self.starting.difference_update(ids)
         log.info("started %d replicas", count)
         return ids
 
     async def stop(self) -> None:
+        if self.supervisor is not None:
+            await self.supervisor.stop()
         if self.grpc is not None:
             await self.grpc.stop(grace=1.0)
         if self.gateway is not None:

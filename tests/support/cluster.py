@@ -22,6 +22,7 @@ import ray
 
 from replica.api import PoolSnapshot
 from router.config import ServeConfig
+from router.control.views import ReplicaHealth
 from router.ops.serve import Server
 
 SMALL = dict(
@@ -77,6 +78,18 @@ class ServerThread:
     @property
     def replicas(self) -> dict:
         return self.server.replicas
+
+    def wait_healed(self, timeout: float = 60.0) -> list[str]:
+        """Wait until the router lists ``--replicas`` healthy replicas and none is starting
+        (dead ones are replaced); returns the healthy ones."""
+
+        def healed() -> list[str]:
+            views = ray.get(self.server.router.views.remote(), timeout=30)
+            live = [v.replica_id for v in views if v.health == ReplicaHealth.HEALTHY]
+            done = len(live) >= self.config.replicas and not self.server.starting
+            return live if done else []
+
+        return wait_for(healed, timeout, 0.1, "the cluster to be back to --replicas replicas")
 
     # ----- views of the replicas, through their actors ----------------------------------------
 

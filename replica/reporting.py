@@ -1,0 +1,80 @@
+"""``RouterReporter``: what a replica tells the router on its own initiative.
+
+About every ``interval_s`` it pushes the engine's latest ``PoolSnapshot`` and the sessions the
+replica released on its own (idle timeouts); when the router does not know the replica (a
+restarted router), it registers again with the sessions it holds and their tenants, so the
+router can rebuild its table. When the engine dies it reports the death at once (retrying while
+the router restarts) and reports nothing more: a dead replica never looks healthy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from replica.api import PoolSnapshot
+
+log = logging.getLogger(__name__)
+
+DEATH_REPORT_S = 60.0  # how long a replica whose engine died keeps trying to tell the router
+
+
+class RouterReporter:
+    def __init__(
+        self,
+        replica_id: str,
+        router: Any,
+        latest_snapshot: Callable[[], PoolSnapshot],
+        registration: Callable[[], Awaitable[tuple]],
+        interval_s: float = 1.0,
+        drop_snapshots: bool = False,
+    ) -> None:
+        """``registration()`` gives ``register_replica``'s arguments after the replica id
+        (handle, description, session tenants, snapshot); ``drop_snapshots`` is the failpoint."""
+        self.replica_id = replica_id
+        self.router = router
+        self.latest_snapshot = latest_snapshot
+        self.registration = registration
+        self.interval_s = interval_s
+        self.drop_snapshots = drop_snapshots
+        self.dead = False
+        self._released: list[str] = []  # released on the replica's own account, to report
+
+    def note_released(self, session_ids: list[str]) -> None:
+        self._released.extend(session_ids)
+
+    async def run(self) -> None:
+        while not self.dead:
+            if not self.drop_snapshots:
+                try:
+                    await self._report()
+                except Exception as exc:  # noqa: BLE001 - the router may be restarting
+                    log.warning("snapshot report to the router failed: %s", exc)
+            await asyncio.sleep(self.interval_s)
+
+    async def _report(self) -> None:
+        released, self._released = self._released, []
+        try:
+            known = await self.router.report.remote(self.latest_snapshot(), released)
+        except Exception:
+            self._released = released + self._released  # tell the router next time
+            raise
+        if not known and not self.dead:
+            await self.router.register_replica.remote(self.replica_id, *await self.registration())
+
+    async def report_death(self, why: str) -> None:
+        """Stop reporting, and tell the router this replica is dead."""
+        self.dead = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DEATH_REPORT_S
+        while True:
+            try:
+                await self.router.replica_failed.remote(self.replica_id, why)
+                return
+            except Exception as exc:  # noqa: BLE001 - the router may be restarting
+                if loop.time() > deadline:
+                    log.error("could not tell the router that the engine died: %s", exc)
+                    return
+                await asyncio.sleep(0.5)

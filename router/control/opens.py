@@ -1,0 +1,183 @@
+"""``Opener``: placing new sessions, waiting for room, and opens whose caller has gone.
+
+An open picks a replica with ``router.control.placement`` among the router's views, opens the
+session there and pins it; when no replica has room it waits for room (every release and snapshot
+wakes it) up to ``open_timeout_s`` or what is left of the caller's deadline, then answers
+RESOURCE_EXHAUSTED with why. A replica that fails the open (its engine died, or the actor) is
+declared dead and the next one is tried.
+
+An open is idempotent per session id (the gateway chooses it): a retry while it runs waits for
+the same result. A caller that goes away (its call cancelled, its deadline passed) abandons its
+open, so that the open leaves no session behind: an open still waiting for room gives up at its
+next look, and one that lands anyway is released at once (reason ``aborted``). Abandoned ids are
+remembered (bounded, least recently abandoned first out), so an abandon that overtakes its open
+still counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from cachetools import LRUCache
+
+from replica.api import ActorError, ReleaseReason, StatusCode
+from router.control.placement import choose_replica, room_report
+from router.control.table import ReplicaEntry, Route, SessionTable
+from router.control.views import ReplicaView
+
+log = logging.getLogger(__name__)
+
+MAX_ABANDONED = 100_000
+
+
+class Opener:
+    def __init__(
+        self,
+        replicas: dict[str, ReplicaEntry],
+        sessions: SessionTable,
+        view: Callable[[str], ReplicaView],
+        on_dead: Callable[[str, str], Awaitable[None]],
+        open_timeout_s: float,
+    ) -> None:
+        self.replicas = replicas
+        self.sessions = sessions
+        self.view = view
+        self.on_dead = on_dead
+        self.open_timeout_s = open_timeout_s
+        self.running: dict[str, asyncio.Future] = {}  # session id -> its open's result
+        self._abandoned: LRUCache[str, bool] = LRUCache(MAX_ABANDONED)
+        self._room = asyncio.Condition()
+
+    def abandoned(self, session_id: str) -> bool:
+        return session_id in self._abandoned
+
+    async def notify_room(self) -> None:
+        """Room may have appeared (a release, a snapshot, a new replica): waiting opens look."""
+        async with self._room:
+            self._room.notify_all()
+
+    async def open(
+        self,
+        session_id: str,
+        idle_timeout_s: float,
+        tenant: str,
+        gateway_id: str,
+        wait_s: float | None,
+        lease_s: float,
+    ) -> Route | ActorError:
+        """Place the session ``session_id``; waits for room up to ``open_timeout_s`` or
+        ``wait_s``, whichever is shorter. A retry while it runs gets the same result; an open
+        abandoned by its caller leaves no session behind (CANCELLED)."""
+        if session_id in self.running:
+            return await asyncio.shield(self.running[session_id])
+        opening = self.running[session_id] = asyncio.get_running_loop().create_future()
+        try:
+            wait = self.open_timeout_s if wait_s is None else min(wait_s, self.open_timeout_s)
+            args = (idle_timeout_s, tenant, gateway_id, lease_s)
+            result = await self._place(session_id, time.monotonic() + wait, *args)
+            if not isinstance(result, ActorError) and self.abandoned(session_id):
+                await self._release(session_id)  # it landed after its caller left
+                result = _abandoned_error()
+            opening.set_result(result)
+            return result
+        finally:
+            del self.running[session_id]
+            if not opening.done():
+                opening.cancel()
+
+    async def abandon(self, session_id: str) -> None:
+        """The caller of the open of ``session_id`` has gone (cancelled, deadline passed): the
+        open must leave no session behind, whether it waits, runs or has already landed."""
+        self._abandoned[session_id] = True
+        if session_id in self.running:
+            await self.notify_room()  # a waiting open looks again, and gives up
+        elif session_id in self.sessions:
+            await self._release(session_id)
+
+    async def _release(self, session_id: str) -> None:
+        entry = self.replicas.get(self.sessions.get(session_id).replica_id)
+        self.sessions.forget(session_id)
+        if entry is not None:
+            try:
+                closed = await entry.handle.close_sessions.remote(
+                    [session_id], ReleaseReason.ABORTED
+                )
+            except Exception as exc:  # noqa: BLE001 - a dead replica holds nothing
+                log.warning("release of abandoned session failed: %s", exc)
+            else:
+                if not isinstance(closed, ActorError):
+                    entry.take(closed.snapshot)
+        await self.notify_room()
+
+    async def _place(
+        self,
+        session_id: str,
+        deadline: float,
+        idle_timeout_s: float,
+        tenant: str,
+        gateway_id: str,
+        lease_s: float,
+    ) -> Route | ActorError:
+        refused: dict[str, int] = {}
+        while True:
+            if self.abandoned(session_id):
+                return _abandoned_error()
+            views = [self.view(rid) for rid in self.replicas]
+            reserved = {rid: e.reserved + refused.get(rid, 0) for rid, e in self.replicas.items()}
+            replica_id = choose_replica(views, reserved)
+            if replica_id is not None:
+                route = await self._open_on(
+                    replica_id, session_id, idle_timeout_s, tenant, gateway_id, lease_s
+                )
+                if not isinstance(route, ActorError):
+                    return route
+                if route.code != StatusCode.RESOURCE_EXHAUSTED:
+                    return route
+                refused[replica_id] = 10**6  # full after all: skip it until its next snapshot
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return ActorError(
+                    StatusCode.RESOURCE_EXHAUSTED, room_report(views, reserved).message()
+                )
+            try:
+                async with self._room:
+                    await asyncio.wait_for(self._room.wait(), timeout=left)
+            except asyncio.TimeoutError:
+                pass
+            refused.clear()
+
+    async def _open_on(
+        self,
+        replica_id: str,
+        session_id: str,
+        idle_timeout_s: float,
+        tenant: str,
+        gateway_id: str,
+        lease_s: float,
+    ) -> Route | ActorError:
+        entry = self.replicas[replica_id]
+        entry.reserved += 1  # in flight: not in any snapshot yet
+        try:
+            opened = await entry.handle.open_session.remote(
+                session_id, idle_timeout_s, gateway_id, tenant, lease_s
+            )
+        except Exception as exc:  # noqa: BLE001 - the replica died under us
+            opened = ActorError(StatusCode.ABORTED, f"open_session failed: {exc}")
+        finally:
+            entry.reserved -= 1
+        if isinstance(opened, ActorError) and opened.code == StatusCode.ABORTED:
+            await self.on_dead(replica_id, opened.message)  # e.g. its engine died
+            return ActorError(StatusCode.RESOURCE_EXHAUSTED, f"replica {replica_id} failed; retry")
+        if isinstance(opened, ActorError):
+            return opened
+        entry.take(opened.snapshot)  # counts the new session
+        self.sessions.pin(session_id, replica_id, tenant)
+        return Route(session_id, replica_id, entry.handle, opened.info, tenant)
+
+
+def _abandoned_error() -> ActorError:
+    return ActorError(StatusCode.CANCELLED, "the caller of this open went away; nothing was kept")

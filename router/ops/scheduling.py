@@ -1,0 +1,84 @@
+"""What a replica asks Ray for, and why a replica is not up yet.
+
+CPU replicas ask for a share of the cluster's CPUs, so that ``--replicas`` of them plus one
+replacement fit whatever the core count (``serve --replicas 4`` on 2 cores: 0.4 CPU each); GPU
+replicas ask for ``--replica-gpus``. Start-up never waits silently: a replica that is not up
+after a while is reported with what it asked for and what the cluster has, and start-up fails
+with that report when the bound passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import ray
+
+log = logging.getLogger(__name__)
+
+WARN_AFTER_S = 10.0
+
+
+class ReplicaStartError(RuntimeError):
+    """Replicas did not come up in time; the message says what they asked for and what the
+    cluster has."""
+
+
+def replica_resources(replica_gpus: float, replicas: int) -> dict[str, float]:
+    """``num_cpus``/``num_gpus`` of one replica actor."""
+    if replica_gpus:
+        return {"CPU": 0.0, "GPU": replica_gpus}
+    cpus = ray.cluster_resources().get("CPU", 1.0)
+    share = math.floor(100 * cpus / (replicas + 1)) / 100  # room for one replacement
+    return {"CPU": max(0.01, min(1.0, share)), "GPU": 0.0}
+
+
+def _amounts(resources: Mapping[str, float]) -> str:
+    return ", ".join(f"{name} {amount:g}" for name, amount in resources.items() if amount) or "none"
+
+
+def start_report(pending: list[str], ask: Mapping[str, float], waited_s: float) -> str:
+    """Why ``pending`` replicas are not up: their ask against the cluster's total and free."""
+    total, free = ray.cluster_resources(), ray.available_resources()
+    has = ", ".join(
+        f"{name} {total.get(name, 0.0):g} ({free.get(name, 0.0):g} free)"
+        for name, amount in ask.items()
+        if amount
+    )
+    fits = all(free.get(name, 0.0) >= amount for name, amount in ask.items() if amount)
+    why = (
+        "they fit the free resources, so they are still starting (loading the model?)"
+        if fits
+        else "they cannot be scheduled: lower --replicas or --replica-gpus, or add nodes"
+    )
+    return (
+        f"{len(pending)} replica(s) not up after {waited_s:.0f} s ({', '.join(pending)}): each "
+        f"asks Ray for {_amounts(ask)}; the cluster has {has or 'nothing of that'}; {why}"
+    )
+
+
+async def wait_until_up(
+    calls: Mapping[str, Any], ask: Mapping[str, float], timeout_s: float
+) -> dict[str, Any]:
+    """Await each replica's first call (``calls``: replica id -> object ref); warns with a
+    report after ``WARN_AFTER_S`` and raises ``ReplicaStartError`` after ``timeout_s``."""
+    tasks = {asyncio.ensure_future(ref): rid for rid, ref in calls.items()}
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    deadline, warn_at = started + timeout_s, started + min(WARN_AFTER_S, timeout_s)
+    pending, warned = set(tasks), False
+    while pending:
+        now = loop.time()
+        late = sorted(tasks[t] for t in pending)
+        if now >= deadline:
+            for task in pending:
+                task.cancel()
+            raise ReplicaStartError(start_report(late, ask, now - started))
+        if not warned and now >= warn_at:
+            warned = True
+            log.warning("session-router: %s", start_report(late, ask, now - started))
+        _, pending = await asyncio.wait(pending, timeout=(deadline if warned else warn_at) - now)
+    return {rid: task.result() for task, rid in tasks.items()}

@@ -1,0 +1,94 @@
+"""``ReplicaSupervisor``: keeps the cluster at ``--replicas`` live replicas.
+
+Every ``interval_s`` it compares the replicas the serve process started with the router's views.
+A replica the router declares DEAD (a failed call, its engine loop died, stale snapshots), or one
+the router no longer lists that does not answer ``ping`` (a router that restarted while it died),
+is killed for good (its process may live on with a dead engine, holding its GPU) and forgotten;
+then replacements with fresh ids are started until the target count is live again. A replacement
+joins empty; the dead replica's series leave /metrics when the router forgets it. Replicas added
+beyond the target are left alone. Failures (say a replacement cannot be scheduled) are logged
+and retried on the next round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import ray
+
+from replica.api import ActorError
+from router.control.views import ReplicaHealth, ReplicaView
+
+log = logging.getLogger(__name__)
+
+PING_TIMEOUT_S = 5.0
+
+
+class ReplicaSupervisor:
+    def __init__(
+        self,
+        replicas: dict[str, Any],
+        starting: set[str],
+        views: Callable[[], Awaitable[list[ReplicaView] | ActorError]],
+        start_replicas: Callable[[int], Awaitable[list[str]]],
+        target: int,
+        interval_s: float = 1.0,
+    ) -> None:
+        """``replicas`` is the serve process's own map (id -> handle), shared and updated;
+        ``starting`` the ids among them still starting (not judged yet)."""
+        self.replicas = replicas
+        self.starting = starting
+        self.views = views
+        self.start_replicas = start_replicas
+        self.target = target
+        self.interval_s = interval_s
+        self.replaced = 0
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.reconcile()
+            except Exception as exc:  # noqa: BLE001 - retried on the next round
+                log.warning("could not restore the replica count: %s", exc)
+
+    async def reconcile(self) -> None:
+        """One round: kill and forget dead replicas, then start replacements."""
+        views = await self.views()
+        if isinstance(views, ActorError):
+            return  # the router is restarting: nothing is known to be dead
+        health = {view.replica_id: view.health for view in views}
+        for replica_id in [r for r in self.replicas if r not in self.starting]:
+            if health.get(replica_id) == ReplicaHealth.DEAD or (
+                replica_id not in health and not await self._answers(replica_id)
+            ):
+                handle = self.replicas.pop(replica_id)
+                try:
+                    ray.kill(handle, no_restart=True)
+                except Exception as exc:  # noqa: BLE001 - already gone
+                    log.info("kill of dead replica %s: %s", replica_id, exc)
+                log.warning("replica %s is dead: killed, a replacement starts", replica_id)
+        missing = self.target - len(self.replicas)
+        if missing > 0:
+            started = await self.start_replicas(missing)
+            self.replaced += len(started)
+
+    async def _answers(self, replica_id: str) -> bool:
+        """A replica the router does not list: alive unless it fails to answer ``ping``."""
+        try:
+            ref = self.replicas[replica_id].ping.remote()
+            return bool(await asyncio.wait_for(ref, timeout=PING_TIMEOUT_S))
+        except Exception:  # noqa: BLE001 - an actor that cannot answer is dead
+            return False
