@@ -4,6 +4,9 @@
     with SessionClient("127.0.0.1:50051") as client, client.open() as session:
         for chunk in session.generate("Hello", max_new_tokens=16):
             print(chunk.text, end="")
+
+Over TLS (``serve --tls-cert``), pass ``credentials=tls_credentials(ca_file)``, adding
+``cert_file``/``key_file`` when the server requires client certificates (``--tls-client-ca``).
 """
 
 from __future__ import annotations
@@ -14,6 +17,28 @@ import grpc
 
 from protos import session_router_pb2 as pb
 from protos import session_router_pb2_grpc as pb_grpc
+
+
+def tls_credentials(
+    ca_file: str | None = None, cert_file: str | None = None, key_file: str | None = None
+) -> grpc.ChannelCredentials:
+    """TLS channel credentials: trust ``ca_file`` (the system's roots when None) and present
+    ``cert_file``/``key_file`` as the client certificate when given."""
+
+    def read(path: str | None) -> bytes | None:
+        if path is None:
+            return None
+        with open(path, "rb") as f:
+            return f.read()
+
+    return grpc.ssl_channel_credentials(read(ca_file), read(key_file), read(cert_file))
+
+
+def _channel(kind, address: str, credentials: grpc.ChannelCredentials | None):
+    """A channel of ``kind`` (``grpc`` or ``grpc.aio``): TLS with ``credentials``."""
+    if credentials is None:
+        return kind.insecure_channel(address)
+    return kind.secure_channel(address, credentials)
 
 
 def generate_request(
@@ -65,8 +90,13 @@ class _Stubs:
 
 
 class SessionClient(_Stubs):
-    def __init__(self, address: str, api_key: str | None = None) -> None:
-        super().__init__(grpc.insecure_channel(address), api_key)
+    def __init__(
+        self,
+        address: str,
+        api_key: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
+        super().__init__(_channel(grpc, address, credentials), api_key)
 
     def open(self, idle_timeout_s: float = 0.0, timeout: float | None = None) -> Session:
         msg = self.sessions.OpenSession(
@@ -127,8 +157,13 @@ class Session:
 class AsyncSessionClient(_Stubs):
     """The same over grpc.aio, for many concurrent sessions from one process."""
 
-    def __init__(self, address: str, api_key: str | None = None) -> None:
-        super().__init__(grpc.aio.insecure_channel(address), api_key)
+    def __init__(
+        self,
+        address: str,
+        api_key: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
+        super().__init__(_channel(grpc.aio, address, credentials), api_key)
 
     async def open(self, idle_timeout_s: float = 0.0, timeout: float | None = None) -> pb.Session:
         return await self.sessions.OpenSession(

@@ -1,8 +1,8 @@
 """End to end: every status code of DESIGN.md, each produced by the input that should produce it,
 each with a message; CloseSession idempotence, GetSession, health and reflection.
 
-The module's server has API keys on (tenants alice and bob, from a keys file). The ABORTED test
-kills a replica, so it runs last.
+The module's server has API keys on (tenants alice and bob, and an admin key, from a keys file).
+The ABORTED test kills a replica, so it runs last.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ from protos import session_router_pb2 as pb
 from router.client import SessionClient, generate_request
 from tests.support.cluster import ServerThread, drain_stream, rpc_error, wait_for
 
-ALICE, BOB = "alice-key-0123456789", "bob-key-9876543210"
+ALICE, BOB, ADMIN = "alice-key-0123456789", "bob-key-9876543210", "ops-key-5555555555"
 Code = grpc.StatusCode
 
 
 @pytest.fixture(scope="module")
 def server(ray_cluster, tmp_path_factory):
     keys = tmp_path_factory.mktemp("keys") / "api-keys"
-    keys.write_text(f"# key tenant\n{ALICE} alice\n{BOB} bob\n")
+    keys.write_text(f"# key tenant [admin]\n{ALICE} alice\n{BOB} bob\n{ADMIN} ops admin\n")
     srv = ServerThread(api_keys=str(keys), open_timeout_s=1.0).start()
     yield srv
     srv.stop()
@@ -267,12 +267,14 @@ def test_aborted_after_the_replica_died(server, alice):
         if s.replica_id != victim:
             drain_stream(s.generate(tokens=[3], max_new_tokens=2))
         s.close()
-    wait_for(
-        lambda: any(
-            r.replica_id == victim and r.state == pb.REPLICA_STATE_DEAD for r in alice.replicas()
-        ),
-        10,
-        0.2,
-        "the replica to be marked DEAD",
-    )
+    with SessionClient(server.address, api_key=ADMIN) as admin:
+        wait_for(
+            lambda: any(
+                r.replica_id == victim and r.state == pb.REPLICA_STATE_DEAD
+                for r in admin.replicas()
+            ),
+            10,
+            0.2,
+            "the replica to be marked DEAD",
+        )
     server.wait_at_capacity(survivors)

@@ -74,21 +74,22 @@ class SessionRouter:
         tenants: dict[str, str] | None = None,
         snapshot: PoolSnapshot | None = None,
     ) -> None:
-        """Add or refresh a replica, adopting the sessions it says it holds (id -> tenant)."""
+        """Add or refresh a replica, adopting the sessions it says it holds (id -> tenant).
+
+        A replica declared dead stays dead (the serve process kills and replaces it): if it
+        turns out to be alive, its sessions, whose clients were told ABORTED, are released."""
         self._start()
         tenants = dict(tenants or {})
         entry = self.replicas.get(replica_id)
-        fenced = desc.incarnation in self._fenced
-        if fenced and tenants:
-            # Declared dead (its clients were told ABORTED) but alive after all: its sessions
-            # must not come back, so the replica releases them and rejoins empty.
-            log.warning(
-                "replica %s came back after it was declared dead; releasing its %d sessions",
-                replica_id,
-                len(tenants),
-            )
-            await handle.close_sessions.remote(list(tenants), ReleaseReason.REPLICA_LOST)
-            tenants = {}
+        if desc.incarnation in self._fenced:
+            if tenants:
+                log.warning(
+                    "replica %s came back after it was declared dead; releasing its %d sessions",
+                    replica_id,
+                    len(tenants),
+                )
+                await handle.close_sessions.remote(list(tenants), ReleaseReason.REPLICA_LOST)
+            return
         if entry is None or entry.desc.incarnation != desc.incarnation:
             entry = self.replicas[replica_id] = ReplicaEntry(handle, desc)
         entry.handle, entry.health = handle, ReplicaHealth.HEALTHY

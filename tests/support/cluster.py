@@ -33,7 +33,6 @@ SMALL = dict(
     page_size=16,
     grpc_port=0,
     metrics_port=0,
-    host="127.0.0.1",
     strict=True,
 )
 _servers = itertools.count()

@@ -1,0 +1,195 @@
+"""End to end: the security defaults (DESIGN "Security defaults"). Issue 8: gRPC bound every
+interface by default while the start-up line printed 127.0.0.1, there was no TLS, any tenant key
+could drain every replica and a drain could not be undone.
+
+The module's server runs with the defaults for --host, TLS with client certificates required
+(--tls-cert/--tls-key/--tls-client-ca, certificates made here) and API keys (two tenants and an
+admin).
+"""
+
+from __future__ import annotations
+
+import socket
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from protos import session_router_pb2 as pb
+from router.client import SessionClient, tls_credentials
+from router.config import ServeConfig
+from tests.support.cluster import ServerThread, drain_stream, rpc_error, wait_for
+from tests.support.tls import CertificateAuthority
+
+TENANT, ADMIN = "tenant-key-1234567890", "admin-key-0987654321"
+Code = grpc.StatusCode
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("pki")
+    ca = CertificateAuthority(folder, "test-ca")
+    rogue = CertificateAuthority(folder, "rogue-ca")
+    return {
+        "ca": ca.files.cert,
+        "server": ca.issue("server", server=True),
+        "client": ca.issue("client", server=False),
+        "rogue": rogue.issue("rogue-client", server=False),
+    }
+
+
+@pytest.fixture(scope="module")
+def server(ray_cluster, pki, tmp_path_factory):
+    keys = tmp_path_factory.mktemp("keys") / "api-keys"
+    keys.write_text(f"{TENANT} acme\n{ADMIN} ops admin\n")
+    srv = ServerThread(
+        api_keys=str(keys),
+        tls_cert=pki["server"].cert,
+        tls_key=pki["server"].key,
+        tls_client_ca=pki["ca"],
+    ).start()
+    yield srv
+    srv.stop()
+
+
+def client(server, pki, key: str | None, cert: str = "client") -> SessionClient:
+    issued = pki[cert]
+    creds = tls_credentials(pki["ca"], issued.cert, issued.key)
+    return SessionClient(server.address, api_key=key, credentials=creds)
+
+
+def health_check(channel: grpc.Channel) -> None:
+    health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+
+
+def listeners(port: int) -> set[str]:
+    """Local addresses with a listening TCP socket on ``port`` (from /proc/net/tcp and tcp6)."""
+    found = set()
+    for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                addr, hexport = local.split(":")
+                if state != "0A" or int(hexport, 16) != port:  # 0A: LISTEN
+                    continue
+                raw = bytes.fromhex(addr)
+                words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+                found.add(socket.inet_ntop(family, words).removeprefix("::ffff:"))
+    return found
+
+
+def test_gRPC_and_metrics_listen_on_loopback_by_default(server):
+    assert ServeConfig().gateway.host == "127.0.0.1"
+    assert server.config.gateway.host == "127.0.0.1"  # the module did not set --host
+    grpc_port, metrics_port = server.server.grpc.bound_port, server.server.metrics.port
+    assert listeners(grpc_port) == {"127.0.0.1"}
+    assert listeners(metrics_port) == {"127.0.0.1"}
+    lines = server.server.listening()
+    assert f"gRPC listening on 127.0.0.1:{grpc_port}" in lines[0]
+    assert "TLS, client certificates required" in lines[0]
+    assert f"http://127.0.0.1:{metrics_port}/metrics" in lines[1]
+
+
+def test_plaintext_is_refused(server):
+    with grpc.insecure_channel(server.address) as channel:
+        with pytest.raises(grpc.RpcError) as err:
+            health_check(channel)
+    assert err.value.code() == Code.UNAVAILABLE
+
+
+def test_tls_without_a_trusted_client_certificate_is_refused(server, pki):
+    with grpc.secure_channel(server.address, tls_credentials(pki["ca"])) as channel:
+        with pytest.raises(grpc.RpcError) as err:
+            health_check(channel)
+    assert err.value.code() == Code.UNAVAILABLE
+    with client(server, pki, TENANT, cert="rogue") as rogue:
+        assert rpc_error(rogue.open).code() == Code.UNAVAILABLE
+
+
+def test_mutual_tls_serves_sessions(server, pki):
+    with client(server, pki, TENANT) as tenant, tenant.open() as s:
+        ids, reason, committed = drain_stream(s.generate(tokens=[1, 2, 3], max_new_tokens=4))
+        assert (len(ids), reason, committed) == (4, pb.FINISH_REASON_LENGTH, 7)
+    server.wait_at_capacity()
+
+
+ADMIN_CALLS = {
+    "ListReplicas": pb.ListReplicasRequest(),
+    "DrainReplica": pb.DrainReplicaRequest(replica_id="replica-0"),
+    "ResumeReplica": pb.ResumeReplicaRequest(replica_id="replica-0"),
+    "MigrateSession": pb.MigrateSessionRequest(session_id="0" * 32),
+}
+
+
+@pytest.mark.parametrize("method", sorted(ADMIN_CALLS))
+def test_admin_service_answers_admin_keys_only(server, pki, method):
+    request = ADMIN_CALLS[method]
+    with client(server, pki, None) as anonymous, client(server, pki, TENANT) as tenant:
+        err = rpc_error(getattr(anonymous.admin, method), request)
+        assert err.code() == Code.UNAUTHENTICATED, err
+        err = rpc_error(getattr(tenant.admin, method), request, metadata=tenant.metadata)
+        assert err.code() == Code.PERMISSION_DENIED and "admin" in err.details(), err
+    with client(server, pki, ADMIN) as admin:
+        call = getattr(admin.admin, method)
+        if method == "MigrateSession":  # not in this version: refused, but past the key check
+            err = rpc_error(call, request, metadata=admin.metadata)
+            assert err.code() == Code.UNIMPLEMENTED and err.details()
+        else:
+            call(request, metadata=admin.metadata, timeout=30)
+            admin.admin.ResumeReplica(ADMIN_CALLS["ResumeReplica"], metadata=admin.metadata)
+    assert {r.state for r in admin_replicas(server, pki)} == {pb.REPLICA_STATE_HEALTHY}
+
+
+def admin_replicas(server, pki) -> list[pb.ReplicaInfo]:
+    with client(server, pki, ADMIN) as admin:
+        return admin.replicas()
+
+
+def test_resume_replica_undoes_a_drain(server, pki):
+    with client(server, pki, ADMIN) as admin, client(server, pki, TENANT) as tenant:
+        meta = admin.metadata
+        target, other = sorted(r.replica_id for r in admin.replicas())
+        reply = admin.admin.DrainReplica(pb.DrainReplicaRequest(replica_id=target), metadata=meta)
+        assert reply.replica.state == pb.REPLICA_STATE_DRAINING
+        held = [tenant.open() for _ in range(3)]
+        assert {s.replica_id for s in held} == {other}
+        reply = admin.admin.ResumeReplica(
+            pb.ResumeReplicaRequest(replica_id=target), metadata=meta
+        )
+        assert reply.replica.replica_id == target
+        assert reply.replica.state == pb.REPLICA_STATE_HEALTHY
+        # placement takes it again: it has the most free slots now
+        again = tenant.open()
+        assert again.replica_id == target
+        for s in [*held, again]:
+            assert s.close() is True
+
+        err = rpc_error(
+            admin.admin.ResumeReplica, pb.ResumeReplicaRequest(replica_id="nope"), metadata=meta
+        )
+        assert err.code() == Code.NOT_FOUND and err.details()
+        err = rpc_error(
+            admin.admin.DrainReplica,
+            pb.DrainReplicaRequest(replica_id=target, migrate=True),
+            metadata=meta,
+        )
+        assert err.code() == Code.UNIMPLEMENTED and "migrate" in err.details()
+    server.wait_at_capacity()
+
+
+def test_a_dead_replica_cannot_be_resumed(server, pki):
+    """Runs last: it declares a replica dead (the serve process then replaces it)."""
+    import ray
+
+    victim = sorted(server.replicas)[0]
+    ray.get(server.server.router.replica_failed.remote(victim, "declared dead by a test"))
+    with client(server, pki, ADMIN) as admin:
+        err = rpc_error(
+            admin.admin.ResumeReplica,
+            pb.ResumeReplicaRequest(replica_id=victim),
+            metadata=admin.metadata,
+        )
+        assert err.code() == Code.FAILED_PRECONDITION and "dead" in err.details()
+    live = server.wait_healed()
+    wait_for(lambda: victim not in server.replicas, 10, 0.1, "the dead replica to be removed")
+    server.wait_at_capacity(live)
