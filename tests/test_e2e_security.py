@@ -153,9 +153,7 @@ def test_resume_replica_undoes_a_drain(server, pki):
         assert reply.replica.state == pb.REPLICA_STATE_DRAINING
         held = [tenant.open() for _ in range(3)]
         assert {s.replica_id for s in held} == {other}
-        reply = admin.admin.ResumeReplica(
-            pb.ResumeReplicaRequest(replica_id=target), metadata=meta
-        )
+        reply = admin.admin.ResumeReplica(pb.ResumeReplicaRequest(replica_id=target), metadata=meta)
         assert reply.replica.replica_id == target
         assert reply.replica.state == pb.REPLICA_STATE_HEALTHY
         # placement takes it again: it has the most free slots now

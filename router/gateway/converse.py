@@ -3,13 +3,16 @@
 The first request must be ``open``. Each ``input`` starts a turn; input that arrives while a turn
 runs interrupts it (barge-in): the tokens generated so far stay committed, that turn ends with
 FINISH_REASON_INTERRUPTED, then the new turn starts. ``interrupt`` ends the running turn the same
-way without starting another. When the client half-closes, the turn in flight runs to its end,
-then the session is released and the stream ends; when the client cancels or disconnects, the
-session is released at once (reason ``stream_ended``). A refused input ends the stream with its
-status code, and the session is released too.
+way without starting another. Inputs that arrive faster than turns can start are merged, in
+order, into the next turn (``router.gateway.converse_inputs``): nothing is dropped and memory is
+bounded. When the client half-closes, the turn in flight runs to its end, then the session is
+released and the stream ends; when the client cancels or disconnects (gRPC keepalive finds a dead
+peer), the session is released at once (reason ``stream_ended``). A refused input ends the
+stream with its status code, and the session is released too. The idle timeout does not apply
+while the stream is open (``router.gateway.stream_leases``).
 
-The stream's inbox carries, in order, the engine's ``TurnEvent``s and the client's messages as
-typed items: ``ClientInput``, ``ClientInterrupt``, ``ClientHalfClosed`` and ``ClientFailed``.
+The stream's inbox carries the engine's ``TurnEvent``s and a ``ClientReady`` mark whenever the
+client's messages are waiting in ``PendingInputs``.
 """
 
 from __future__ import annotations
@@ -22,29 +25,21 @@ from dataclasses import dataclass
 from protos import session_router_pb2 as pb
 from replica.api import ReleaseReason, StatusCode, TurnEvent
 from router.control.table import Route
+from router.gateway.converse_inputs import (
+    ClientFailed,
+    ClientHalfClosed,
+    ClientInput,
+    ClientInterrupt,
+    PendingInputs,
+)
 from router.gateway.convert import Refused, session_to_proto
-from router.gateway.delivery import Inbox
 from router.gateway.gateway import Gateway
+from router.gateway.stream_leases import LEASE_S
 
 
 @dataclass(frozen=True, slots=True)
-class ClientInput:
-    request: pb.GenerateRequest
-
-
-@dataclass(frozen=True, slots=True)
-class ClientInterrupt:
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class ClientHalfClosed:
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class ClientFailed:
-    error: Exception
+class ClientReady:
+    """The client's messages wait in the stream's ``PendingInputs``."""
 
 
 class Conversation:
@@ -53,7 +48,7 @@ class Conversation:
         self.requests = requests
         self.context = context
         self.route: Route | None = None
-        self.inbox: Inbox | None = None
+        self.inbox = None
         self.reader: asyncio.Task | None = None
 
     async def run(self) -> AsyncIterator[pb.ConverseResponse]:
@@ -61,37 +56,44 @@ class Conversation:
         first = await anext(aiter(self.requests), None)
         if first is None or first.WhichOneof("kind") != "open":
             raise Refused(StatusCode.INVALID_ARGUMENT, "the first Converse request must be `open`")
-        self.route = await self.gw.open(first.open, tenant)
-        inbox = self.inbox = self.gw.delivery.claim(self.route)
-        yield pb.ConverseResponse(
-            opened=session_to_proto(self.route.session_id, self.route.replica_id, self.route.info)
+        route = self.route = await self.gw.open(
+            first.open, tenant, self.context.time_remaining(), LEASE_S
         )
-        self.reader = asyncio.get_running_loop().create_task(self._read(inbox))
+        self.gw.leases.hold(route)
+        inbox = self.inbox = self.gw.delivery.claim(route)
+        yield pb.ConverseResponse(
+            opened=session_to_proto(route.session_id, route.replica_id, route.info)
+        )
+        pending = PendingInputs(lambda: inbox.put(ClientReady()))
+        self.reader = asyncio.get_running_loop().create_task(self._read(pending))
         live: set[int] = set()  # turns whose chunks we still forward
         half_closed = False
         started = first_token = 0.0
         while not (half_closed and not live):
             match await inbox.get():
-                case ClientHalfClosed():
-                    half_closed = True
-                case ClientFailed(error=error):
-                    raise error
-                case ClientInterrupt():
-                    if live:
-                        await self.route.handle.interrupt.remote(self.route.session_id)
-                case ClientInput(request=request):
-                    if live:
-                        await self.route.handle.interrupt.remote(self.route.session_id)
-                    live.add(await self.gw.submit(self.route, request))
-                    started, first_token = time.perf_counter(), True
+                case ClientReady():
+                    for message in pending.take():
+                        match message:
+                            case ClientHalfClosed():
+                                half_closed = True
+                            case ClientFailed(error=error):
+                                raise error
+                            case ClientInterrupt():
+                                if live:
+                                    await route.handle.interrupt.remote(route.session_id)
+                            case ClientInput(request=request):
+                                if live:
+                                    await route.handle.interrupt.remote(route.session_id)
+                                live.add(await self.gw.submit(route, request))
+                                started, first_token = time.perf_counter(), True
                 case TurnEvent() as event if event.turn_id in live or event.turn_id == -1:
                     if event.finished:
                         live.discard(event.turn_id)
                     yield pb.ConverseResponse(chunk=self.gw.chunk(event, started, first_token))
                     first_token = first_token and not event.token_ids
 
-    async def _read(self, inbox: Inbox) -> None:
-        """Forward the client's requests into the inbox, in order, with the engine's events."""
+    async def _read(self, pending: PendingInputs) -> None:
+        """Hand the client's requests to ``pending``, in order; waits while it is full."""
         try:
             async for request in self.requests:
                 kind = request.WhichOneof("kind")
@@ -102,24 +104,25 @@ class Conversation:
                             StatusCode.INVALID_ARGUMENT,
                             "input.session_id is not this stream's session; leave it empty",
                         )
-                    inbox.put(ClientInput(request.input))
+                    await pending.put(ClientInput(request.input))
                 elif kind == "interrupt":
-                    inbox.put(ClientInterrupt())
+                    await pending.put(ClientInterrupt())
                 else:
                     raise Refused(
                         StatusCode.INVALID_ARGUMENT, "only the first request may be `open`"
                     )
-            inbox.put(ClientHalfClosed())
+            await pending.put(ClientHalfClosed())
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - handed to the stream, which ends with it
-            inbox.put(ClientFailed(exc))
+            await pending.put(ClientFailed(exc))
 
     def end(self) -> None:
         """Release the session whatever way the stream ended (cleanup survives cancellation)."""
         if self.reader is not None:
             self.reader.cancel()
         if self.route is not None:
+            self.gw.leases.drop(self.route.session_id)
             if self.inbox is not None:
                 self.gw.delivery.release(self.inbox)
             self.gw.background.spawn(self.gw.release(self.route, ReleaseReason.STREAM_ENDED))

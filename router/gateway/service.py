@@ -162,6 +162,7 @@ def server_options(keepalive_s: float) -> list[tuple[str, int]]:
     return [
         ("grpc.keepalive_time_ms", ms),
         ("grpc.keepalive_timeout_ms", ms),
+        ("grpc.http2.ping_timeout_ms", ms),  # what bounds the wait for a ping's ack nowadays
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),

@@ -1,0 +1,59 @@
+"""``StreamLeases``: this gateway's hold on the sessions whose Converse streams it serves.
+
+A Converse session lives exactly as long as its stream, so its idle timeout must not release it
+while the stream is open, however quiet the client. The open grants the replica-side lease
+(``lease_s``); every ``RENEW_S`` the gateway renews it for all of a replica's streamed sessions
+in one call. If this gateway dies, renewals stop and each session's own idle timeout applies
+again ``LEASE_S`` later, so a dead gateway cannot pin slots; a dead client is found by gRPC
+keepalive, which ends its stream, and the stream's end releases the session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+
+from router.control.table import Route
+
+log = logging.getLogger(__name__)
+
+LEASE_S = 15.0
+RENEW_S = 3.0
+
+
+class StreamLeases:
+    def __init__(self) -> None:
+        self._held: dict[str, Route] = {}  # session id -> its route, while its stream is open
+        self._task: asyncio.Task | None = None
+
+    def hold(self, route: Route) -> None:
+        self._held[route.session_id] = route
+
+    def drop(self, session_id: str) -> None:
+        self._held.pop(session_id, None)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(RENEW_S)
+            await self.renew()
+
+    async def renew(self) -> None:
+        """One renewal: a ``hold_sessions`` call per replica with streamed sessions."""
+        by_replica: dict[str, list[Route]] = defaultdict(list)
+        for route in self._held.values():
+            by_replica[route.replica_id].append(route)
+        calls = [
+            routes[0].handle.hold_sessions.remote([r.session_id for r in routes], LEASE_S)
+            for routes in by_replica.values()
+        ]
+        for result in await asyncio.gather(*calls, return_exceptions=True):
+            if isinstance(result, Exception):  # a dead replica: its streams end on their own
+                log.info("stream lease renewal failed: %s", result)
