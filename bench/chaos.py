@@ -1,0 +1,216 @@
+"""Fault-injection soak: thousands of misbehaving sessions while replicas and the router are
+SIGKILLed at random times; then the cluster must heal with nothing leaked.
+
+    .venv/bin/python bench/chaos.py --sessions 2000 --replica-kills 4 --router-kills 2
+
+It starts a cluster in-process (``Server``, embedded Ray unless one is running), runs
+``--sessions`` sessions from ``--concurrency`` asyncio clients (``bench/chaos_load.py``: client
+cancels, deadlines, bad inputs, barge-ins, abandoned sessions), and SIGKILLs a random replica or
+the router when the sessions finished cross random fractions of the run. At the end it checks:
+every session completed or ended with a documented status code and no call hung; the cluster is
+back to ``--replicas`` healthy replicas; every live replica's pools are at capacity with 0
+leaked; the router's table is empty; /metrics lists the live replicas only. It prints the figures
+(sessions, faults, codes, time to heal) and exits 1 if a check failed. Self-contained for now
+(the shared benchmark harness is not on this branch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import random
+import statistics
+import sys
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+
+import ray
+
+from replica.api import PoolSnapshot
+from router.client import AsyncSessionClient
+from router.config import ServeConfig
+from router.ops.serve import quiet_ray_start_up
+
+try:
+    from bench.chaos_faults import Cluster, faults
+    from bench.chaos_load import DOCUMENTED, Tally, session
+except ImportError:  # run as a script: bench/ itself is on sys.path
+    from chaos_faults import Cluster, faults
+    from chaos_load import DOCUMENTED, Tally, session
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    sessions: int = 2000
+    concurrency: int = 32
+    replicas: int = 2
+    replica_kills: int = 4
+    router_kills: int = 2
+    seed: int = 0
+    heal_timeout_s: float = 120.0
+
+
+@dataclass
+class ChaosReport:
+    config: ChaosConfig
+    tally: Tally = field(default_factory=Tally)
+    heal_s: dict[str, list[float]] = field(default_factory=lambda: {"replica": [], "router": []})
+    seconds: float = 0.0
+    replaced: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        t, c = self.tally, self.config
+
+        def codes(counter: Counter) -> str:
+            return ", ".join(f"{k} {v}" for k, v in counter.most_common())
+
+        def heal(kind: str) -> str:
+            s = self.heal_s[kind]
+            return f"{kind} p50 {statistics.median(s):.1f} s, max {max(s):.1f} s" if s else kind
+
+        return [
+            f"chaos: {c.sessions} sessions from {c.concurrency} clients on {c.replicas} replicas "
+            f"(seed {c.seed}) in {self.seconds:.0f} s",
+            f"faults: {len(self.heal_s['replica'])} replica SIGKILLs, "
+            f"{len(self.heal_s['router'])} router SIGKILLs, {codes(t.faults)}",
+            f"sessions ended: {codes(t.sessions)}",
+            f"calls: {sum(t.calls.values())} ({codes(t.calls)}); hung: {t.hung}",
+            f"time to heal (kill -> {c.replicas} healthy replicas): {heal('replica')}; "
+            f"{heal('router')}; {self.replaced} replicas replaced",
+            "end state: "
+            + (
+                "; ".join(self.problems)
+                if self.problems
+                else "OK: --replicas "
+                "healthy, pools at capacity, 0 leaked, router table empty, /metrics live only"
+            ),
+        ]
+
+
+async def load(cluster: Cluster, report: ChaosReport) -> None:
+    c = report.config
+    client = AsyncSessionClient(cluster.server.grpc_address)
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for n in range(c.sessions):
+        queue.put_nowait(n)
+    done = [0]
+
+    async def worker() -> None:
+        while not queue.empty():
+            n = queue.get_nowait()
+            await session(client, random.Random(c.seed * 1_000_003 + n), report.tally)
+            done[0] += 1
+
+    kills = {"replica": c.replica_kills, "router": c.router_kills}
+    rng = random.Random(c.seed)
+    injector = asyncio.create_task(faults(cluster, kills, c.sessions, done, rng, report.heal_s))
+    await asyncio.gather(*(worker() for _ in range(c.concurrency)))
+    await injector  # its last heal is part of the run
+    await client.close()
+
+
+def metrics_replicas(url: str) -> set[str]:
+    """The ``replica`` label values /metrics exports."""
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        lines = reply.read().decode().splitlines()
+    return {line.split('replica="')[1].split('"')[0] for line in lines if 'replica="' in line}
+
+
+def check_end_state(cluster: Cluster, report: ChaosReport) -> None:
+    c, server, problems = report.config, cluster.server, report.problems
+    deadline = time.monotonic() + c.heal_timeout_s
+    while len(cluster.healthy()) < c.replicas or server.starting:
+        if time.monotonic() > deadline:
+            problems.append(f"only {sorted(cluster.healthy())} healthy")
+            return
+        time.sleep(0.2)
+    live = sorted(cluster.healthy())
+    report.replaced = len([r for r in live if r not in {f"replica-{i}" for i in range(c.replicas)}])
+    snaps: list = []
+    while time.monotonic() < deadline:  # abandoned sessions end at their idle timeout
+        snaps = ray.get([server.replicas[r].check_invariant.remote() for r in live], timeout=60)
+        at_capacity = all(
+            isinstance(s, PoolSnapshot)
+            and s.open_sessions == 0
+            and all(p.free == p.capacity for p in s.pools)
+            for s in snaps
+        )
+        if at_capacity and ray.get(server.router.session_count.remote()) == 0:
+            break
+        time.sleep(0.5)
+    for r, snap in zip(live, snaps):
+        if not isinstance(snap, PoolSnapshot):
+            problems.append(f"{r}: invariant check failed: {snap}")
+            continue
+        problems += [f"{r}: {p.describe()}" for p in snap.pools if p.leaked or p.free != p.capacity]
+    if (held := ray.get(server.router.session_count.remote())) != 0:
+        problems.append(f"the router still pins {held} sessions")
+    while (listed := metrics_replicas(server.metrics_url)) != set(live):
+        if time.monotonic() > deadline:  # dead replicas leave /metrics after their retention
+            problems.append(f"/metrics lists {sorted(listed)}, live are {live}")
+            break
+        time.sleep(0.5)
+    t = report.tally
+    if t.hung:
+        problems.append(f"{t.hung} calls hung until their safety deadline")
+    odd = {code for code in [*t.calls, *t.sessions] if code not in DOCUMENTED}
+    odd -= {"completed", "left to the idle timeout"}
+    if odd:
+        problems.append(f"undocumented status codes: {sorted(odd)}")
+
+
+def run_chaos(config: ChaosConfig, namespace: str | None = None) -> ChaosReport:
+    serve = ServeConfig.from_flags(
+        replicas=config.replicas,
+        max_sessions=16,
+        kv_tokens=16384,
+        max_context=1024,
+        grpc_port=0,
+        metrics_port=0,
+        strict=True,
+        session_idle_timeout_s=3.0,
+        open_timeout_s=5.0,
+        stale_after_s=3.0,
+        dead_replica_retention_s=3.0,
+        namespace=namespace or f"chaos-{os.getpid()}",
+    )
+    own_ray = not ray.is_initialized()
+    if own_ray:  # quiet: the SIGKILLs make Ray log every death at length
+        quiet_ray_start_up()
+        ray.init(
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.ERROR,
+            _node_ip_address="127.0.0.1",
+        )
+    cluster, report = Cluster(serve), ChaosReport(config)
+    cluster.call(cluster.server.start())
+    try:
+        started = time.monotonic()
+        asyncio.run(load(cluster, report))
+        report.seconds = time.monotonic() - started
+        check_end_state(cluster, report)
+    finally:
+        cluster.call(cluster.server.stop())
+        cluster.loop.call_soon_threadsafe(cluster.loop.stop)
+        if own_ray:
+            ray.shutdown()
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    for name, default in vars(ChaosConfig()).items():
+        parser.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
+    report = run_chaos(ChaosConfig(**vars(parser.parse_args(argv))))
+    print("\n".join(report.lines()), flush=True)
+    return 1 if report.problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
