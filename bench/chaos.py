@@ -81,7 +81,7 @@ class ChaosReport:
             f"sessions ended: {codes(t.sessions)}",
             f"calls: {sum(t.calls.values())} ({codes(t.calls)}); hung: {t.hung}",
             f"time to heal (kill -> {c.replicas} healthy replicas): {heal('replica')}; "
-            f"{heal('router')}; {self.replaced} replicas replaced",
+            f"{heal('router')}; {self.replaced} replacement replicas started",
             "end state: "
             + (
                 "; ".join(self.problems)
@@ -130,7 +130,7 @@ def check_end_state(cluster: Cluster, report: ChaosReport) -> None:
             return
         time.sleep(0.2)
     live = sorted(cluster.healthy())
-    report.replaced = len([r for r in live if r not in {f"replica-{i}" for i in range(c.replicas)}])
+    report.replaced = server.supervisor.replaced
     snaps: list = []
     while time.monotonic() < deadline:  # abandoned sessions end at their idle timeout
         snaps = ray.get([server.replicas[r].check_invariant.remote() for r in live], timeout=60)

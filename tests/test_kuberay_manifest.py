@@ -190,6 +190,25 @@ def test_head_runs_serve_with_named_ports(raycluster, head_container):
     assert "$KUBERAY_GEN_RAY_START_CMD" in script
 
 
+def test_head_listens_on_all_interfaces_with_optional_tls_and_keys(raycluster, head_container):
+    script = " ".join(head_container.get("command", []) + head_container.get("args", []))
+    assert "--host 0.0.0.0" in script, "serve listens on loopback unless told otherwise"
+    pod = raycluster["spec"]["headGroupSpec"]["template"]["spec"]
+    secrets = {v["name"]: v["secret"] for v in pod["volumes"] if "secret" in v}
+    mounts = {m["name"]: m["mountPath"] for m in head_container["volumeMounts"]}
+    assert secrets["tls"]["secretName"] == "session-router-tls"
+    assert secrets["api-keys"]["secretName"] == "session-router-api-keys"
+    tls_dir, keys_dir = mounts["tls"], mounts["api-keys"]
+    for flag, path in (
+        ("--tls-cert", f"{tls_dir}/tls.crt"),
+        ("--tls-key", f"{tls_dir}/tls.key"),
+        ("--tls-client-ca", f"{tls_dir}/ca.crt"),
+        ("--api-keys", f"{keys_dir}/api-keys"),
+    ):
+        assert f"{flag} {path}" in script, flag
+    assert "grpc" not in head_container["readinessProbe"], "the kubelet's gRPC probe has no TLS"
+
+
 def test_every_container_starts_ray(raycluster):
     # With ray.io/overwrite-container-cmd every group must start Ray itself.
     groups = [raycluster["spec"]["headGroupSpec"], *raycluster["spec"]["workerGroupSpecs"]]

@@ -2,9 +2,9 @@
 
 CPU replicas ask for a share of the cluster's CPUs, so that ``--replicas`` of them plus one
 replacement fit whatever the core count (``serve --replicas 4`` on 2 cores: 0.4 CPU each); GPU
-replicas ask for ``--replica-gpus``. Start-up never waits silently: a replica that is not up
-after a while is reported with what it asked for and what the cluster has, and start-up fails
-with that report when the bound passes.
+replicas ask for ``--replica-gpus``. Start-up never waits silently: replicas that cannot be
+scheduled are reported after ``WARN_AFTER_S`` with what they asked for and what the cluster has,
+and start-up fails with that report when ``--replica-start-timeout-s`` passes.
 """
 
 from __future__ import annotations
@@ -40,6 +40,12 @@ def _amounts(resources: Mapping[str, float]) -> str:
     return ", ".join(f"{name} {amount:g}" for name, amount in resources.items() if amount) or "none"
 
 
+def fits_free(ask: Mapping[str, float]) -> bool:
+    """Whether one more replica with ``ask`` fits what the cluster has free now."""
+    free = ray.available_resources()
+    return all(free.get(name, 0.0) >= amount for name, amount in ask.items() if amount)
+
+
 def start_report(pending: list[str], ask: Mapping[str, float], waited_s: float) -> str:
     """Why ``pending`` replicas are not up: their ask against the cluster's total and free."""
     total, free = ray.cluster_resources(), ray.available_resources()
@@ -48,10 +54,9 @@ def start_report(pending: list[str], ask: Mapping[str, float], waited_s: float) 
         for name, amount in ask.items()
         if amount
     )
-    fits = all(free.get(name, 0.0) >= amount for name, amount in ask.items() if amount)
     why = (
         "they fit the free resources, so they are still starting (loading the model?)"
-        if fits
+        if fits_free(ask)
         else "they cannot be scheduled: lower --replicas or --replica-gpus, or add nodes"
     )
     return (
@@ -63,22 +68,27 @@ def start_report(pending: list[str], ask: Mapping[str, float], waited_s: float) 
 async def wait_until_up(
     calls: Mapping[str, Any], ask: Mapping[str, float], timeout_s: float
 ) -> dict[str, Any]:
-    """Await each replica's first call (``calls``: replica id -> object ref); warns with a
-    report after ``WARN_AFTER_S`` and raises ``ReplicaStartError`` after ``timeout_s``."""
+    """Await each replica's first call (``calls``: replica id -> object ref). Warns with a
+    report once replicas that cannot be scheduled have waited ``WARN_AFTER_S`` (any replica,
+    after three times that), and raises ``ReplicaStartError`` after ``timeout_s``."""
     tasks = {asyncio.ensure_future(ref): rid for rid, ref in calls.items()}
     loop = asyncio.get_running_loop()
-    started = loop.time()
-    deadline, warn_at = started + timeout_s, started + min(WARN_AFTER_S, timeout_s)
-    pending, warned = set(tasks), False
+    started, pending, warned = loop.time(), set(tasks), False
     while pending:
-        now = loop.time()
+        _, pending = await asyncio.wait(pending, timeout=min(1.0, timeout_s))
+        waited = loop.time() - started
+        if not pending:
+            break
         late = sorted(tasks[t] for t in pending)
-        if now >= deadline:
+        if waited >= timeout_s:
             for task in pending:
                 task.cancel()
-            raise ReplicaStartError(start_report(late, ask, now - started))
-        if not warned and now >= warn_at:
+            raise ReplicaStartError(start_report(late, ask, waited))
+        if (
+            not warned
+            and waited >= WARN_AFTER_S
+            and (waited >= 3 * WARN_AFTER_S or not fits_free(ask))
+        ):
             warned = True
-            log.warning("session-router: %s", start_report(late, ask, now - started))
-        _, pending = await asyncio.wait(pending, timeout=(deadline if warned else warn_at) - now)
+            log.warning("session-router: %s", start_report(late, ask, waited))
     return {rid: task.result() for task, rid in tasks.items()}

@@ -82,7 +82,7 @@ class Server:
             tls = "TLS, client certificates required" if gw.tls_client_ca else "TLS only"
         host = "0.0.0.0" if self.all_interfaces else gw.host
         ray_at = ray.get_runtime_context().gcs_address
-        ray_kind = "embedded, Ray's own ports on loopback" if self._started_ray else "joined"
+        ray_kind = "embedded" if self._started_ray else "joined"
         return [
             f"gRPC listening on {host}:{self.grpc.bound_port} ({scope}; {tls})",
             f"metrics on http://{host}:{self.metrics.port}/metrics ({scope})",
