@@ -85,9 +85,9 @@ def test_gRPC_and_metrics_listen_on_loopback_by_default(server):
     assert listeners(grpc_port) == {"127.0.0.1"}
     assert listeners(metrics_port) == {"127.0.0.1"}
     lines = server.server.listening()
-    assert f"gRPC listening on 127.0.0.1:{grpc_port}" in lines[0]
-    assert "TLS, client certificates required" in lines[0]
-    assert f"http://127.0.0.1:{metrics_port}/metrics" in lines[1]
+    assert lines[0] == f"gRPC listening on 127.0.0.1:{grpc_port}"
+    assert lines[1] == f"metrics on http://127.0.0.1:{metrics_port}/metrics"
+    assert lines[3] == "security: 127.0.0.1 only; TLS with client certificates; API keys on"
 
 
 def test_plaintext_is_refused(server):

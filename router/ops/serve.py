@@ -74,19 +74,21 @@ class Server:
         return self.metrics.url
 
     def listening(self) -> list[str]:
-        """What ``serve`` prints once ready: where gRPC, metrics and Ray really listen."""
+        """What ``serve`` prints once ready: where gRPC, metrics and Ray really listen (one
+        address per line, for scripts), then what protects them."""
         gw = self.config.gateway
-        scope = "all interfaces" if self.all_interfaces else "this interface only"
-        tls = "plaintext"
-        if gw.tls:
-            tls = "TLS, client certificates required" if gw.tls_client_ca else "TLS only"
         host = "0.0.0.0" if self.all_interfaces else gw.host
-        ray_at = ray.get_runtime_context().gcs_address
+        scope = "all interfaces" if self.all_interfaces else f"{host} only"
+        tls = "plaintext gRPC (--tls-cert for TLS)"
+        if gw.tls:
+            tls = "TLS with client certificates" if gw.tls_client_ca else "TLS only"
+        keys = "API keys on" if self.keys.enabled else "no API keys (--api-keys)"
         ray_kind = "embedded" if self._started_ray else "joined"
         return [
-            f"gRPC listening on {host}:{self.grpc.bound_port} ({scope}; {tls})",
-            f"metrics on http://{host}:{self.metrics.port}/metrics ({scope})",
-            f"Ray at {ray_at} ({ray_kind})",
+            f"gRPC listening on {host}:{self.grpc.bound_port}",
+            f"metrics on http://{host}:{self.metrics.port}/metrics",
+            f"Ray at {ray.get_runtime_context().gcs_address} ({ray_kind})",
+            f"security: {scope}; {tls}; {keys}",
         ]
 
     async def start(self) -> None:
