@@ -50,6 +50,9 @@ class Conversation:
         self.route: Route | None = None
         self.inbox = None
         self.reader: asyncio.Task | None = None
+        self.live: set[int] = set()  # turns whose chunks we still forward
+        self.started = 0.0  # when the latest turn was submitted
+        self.first_token = False  # its first token is still to come
 
     async def run(self) -> AsyncIterator[pb.ConverseResponse]:
         tenant = self.gw.tenant(self.context)
@@ -66,31 +69,34 @@ class Conversation:
         )
         pending = PendingInputs(lambda: inbox.put(ClientReady()))
         self.reader = asyncio.get_running_loop().create_task(self._read(pending))
-        live: set[int] = set()  # turns whose chunks we still forward
         half_closed = False
-        started = first_token = 0.0
-        while not (half_closed and not live):
+        while not (half_closed and not self.live):
             match await inbox.get():
                 case ClientReady():
                     for message in pending.take():
-                        match message:
-                            case ClientHalfClosed():
-                                half_closed = True
-                            case ClientFailed(error=error):
-                                raise error
-                            case ClientInterrupt():
-                                if live:
-                                    await route.handle.interrupt.remote(route.session_id)
-                            case ClientInput(request=request):
-                                if live:
-                                    await route.handle.interrupt.remote(route.session_id)
-                                live.add(await self.gw.submit(route, request))
-                                started, first_token = time.perf_counter(), True
-                case TurnEvent() as event if event.turn_id in live or event.turn_id == -1:
+                        half_closed = await self._act(route, message) or half_closed
+                case TurnEvent() as event if event.turn_id in self.live or event.turn_id == -1:
                     if event.finished:
-                        live.discard(event.turn_id)
-                    yield pb.ConverseResponse(chunk=self.gw.chunk(event, started, first_token))
-                    first_token = first_token and not event.token_ids
+                        self.live.discard(event.turn_id)
+                    yield pb.ConverseResponse(
+                        chunk=self.gw.chunk(event, self.started, self.first_token)
+                    )
+                    self.first_token = self.first_token and not event.token_ids
+
+    async def _act(self, route: Route, message) -> bool:
+        """Act on one of the client's messages, in order; True when it is the half-close."""
+        match message:
+            case ClientHalfClosed():
+                return True
+            case ClientFailed(error=error):
+                raise error
+        if self.live:  # an interrupt, or an input that barges in
+            interrupt = route.handle.interrupt.remote(route.session_id)
+            await self.gw.on_replica(route, "interrupt", interrupt)
+        if isinstance(message, ClientInput):
+            self.live.add(await self.gw.submit(route, message.request))
+            self.started, self.first_token = time.perf_counter(), True
+        return False
 
     async def _read(self, pending: PendingInputs) -> None:
         """Hand the client's requests to ``pending``, in order; waits while it is full."""

@@ -133,12 +133,19 @@ class Gateway:
             sampling = sampling_from_proto(request.sampling)
         except InvalidRequestError as exc:
             raise Refused(StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        call = route.handle.submit_turn.remote(
+            self.gateway_id, route.session_id, text, ids, sampling
+        )
+        return await self.on_replica(route, "submit_turn", call)
+
+    async def on_replica(self, route: Route, what: str, call: Any) -> Any:
+        """The result of a call to the session's replica (``call``, an actor call named
+        ``what``). A replica that died under it makes the session ABORTED (and is reported);
+        a refusal is raised as ``Refused``."""
         try:
-            result = await route.handle.submit_turn.remote(
-                self.gateway_id, route.session_id, text, ids, sampling
-            )
+            result = await call
         except Exception as exc:  # noqa: BLE001 - the replica died
-            await self.replica_lost(route.replica_id, f"submit failed: {exc}")
+            await self.replica_lost(route.replica_id, f"{what} failed: {type(exc).__name__}")
             raise Refused(StatusCode.ABORTED, replica_lost_message(route.session_id)) from None
         if isinstance(result, ActorError) and result.code == StatusCode.NOT_FOUND:
             self.routes.drop(route.session_id)  # released on the replica (idle timeout)

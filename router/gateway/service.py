@@ -9,6 +9,7 @@ chunk, the turn is cancelled on the replica, which rolls the session back to its
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -24,6 +25,17 @@ from router.gateway.convert import Refused, check, replica_to_proto, session_to_
 from router.gateway.gateway import Gateway
 from router.gateway.generate import GenerateCall
 
+log = logging.getLogger(__name__)
+
+
+def unexpected(method: str, exc: Exception) -> Refused:
+    """An error no step mapped to a status (a bug): INTERNAL with a message, never UNKNOWN."""
+    log.error("%s failed unexpectedly", method, exc_info=exc)
+    return Refused(
+        StatusCode.INTERNAL,
+        f"internal error in {method} ({type(exc).__name__}); retry, and report it if it persists",
+    )
+
 
 async def run_rpc(gateway: Gateway, method: str, context, body):
     """Run a unary body, mapping ``Refused`` to its status and counting the call."""
@@ -33,6 +45,10 @@ async def run_rpc(gateway: Gateway, method: str, context, body):
     except Refused as exc:
         code = exc.code
         await context.abort(status_code(exc.code), str(exc))
+    except Exception as exc:  # noqa: BLE001 - mapped, logged
+        refused = unexpected(method, exc)
+        code = refused.code
+        await context.abort(status_code(code), str(refused))
     finally:
         gateway.metrics.observe_rpc(method, code, time.perf_counter() - started)
 
@@ -52,7 +68,8 @@ class SessionService(pb_grpc.SessionServiceServicer):
     async def GetSession(self, request, context):
         async def body():
             route = await self.gw.route(request.session_id, self.gw.tenant(context))
-            info = check(await route.handle.get_session.remote(route.session_id))
+            call = route.handle.get_session.remote(route.session_id)
+            info = await self.gw.on_replica(route, "get_session", call)
             return session_to_proto(route.session_id, route.replica_id, info)
 
         return await run_rpc(self.gw, "GetSession", context, body)
@@ -100,6 +117,10 @@ async def run_stream(
     except asyncio.CancelledError:
         code = StatusCode.CANCELLED
         raise
+    except Exception as exc:  # noqa: BLE001 - mapped, logged
+        refused = unexpected(method, exc)
+        code = refused.code
+        await context.abort(status_code(code), str(refused))
     finally:
         on_end(code)
         gateway.metrics.observe_rpc(method, code, time.perf_counter() - started)
