@@ -1,7 +1,7 @@
 """Fault-injection soak: thousands of misbehaving sessions while replicas and the router are
 SIGKILLed at random times; then the cluster must heal with nothing leaked.
 
-    .venv/bin/python bench/chaos.py --sessions 2000 --replica-kills 4 --router-kills 2
+    .venv/bin/python -m bench.chaos --sessions 2000 --replica-kills 4 --router-kills 2
 
 It starts a cluster in-process (``Server``, embedded Ray unless one is running), runs
 ``--sessions`` sessions from ``--concurrency`` asyncio clients (``bench/chaos_load.py``: client
@@ -30,17 +30,12 @@ from dataclasses import dataclass, field
 
 import ray
 
+from bench.chaos_faults import Cluster, faults
+from bench.chaos_load import DOCUMENTED, Tally, session
 from replica.api import PoolSnapshot
 from router.client import AsyncSessionClient
 from router.config import ServeConfig
 from router.ops.serve import quiet_ray_start_up
-
-try:
-    from bench.chaos_faults import Cluster, faults
-    from bench.chaos_load import DOCUMENTED, Tally, session
-except ImportError:  # run as a script: bench/ itself is on sys.path
-    from chaos_faults import Cluster, faults
-    from chaos_load import DOCUMENTED, Tally, session
 
 
 @dataclass(frozen=True)

@@ -34,13 +34,6 @@ def tls_credentials(
     return grpc.ssl_channel_credentials(read(ca_file), read(key_file), read(cert_file))
 
 
-def _channel(kind, address: str, credentials: grpc.ChannelCredentials | None):
-    """A channel of ``kind`` (``grpc`` or ``grpc.aio``): TLS with ``credentials``."""
-    if credentials is None:
-        return kind.insecure_channel(address)
-    return kind.secure_channel(address, credentials)
-
-
 def generate_request(
     session_id: str = "",
     text: str | None = None,
@@ -68,9 +61,21 @@ def generate_request(
 
 class _Stubs:
     """The stubs, credentials and turn call shared by the blocking and the asyncio client; the
-    stubs behave alike over either kind of channel (calls are iterators or async iterators)."""
+    stubs behave alike over either kind of channel (calls are iterators or async iterators).
+    With ``credentials`` the channel is TLS (``tls_credentials``)."""
 
-    def __init__(self, channel, api_key: str | None) -> None:
+    grpc_kind = grpc  # the module that makes the channel: grpc or grpc.aio
+
+    def __init__(
+        self,
+        address: str,
+        api_key: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
+        if credentials is None:
+            channel = self.grpc_kind.insecure_channel(address)
+        else:
+            channel = self.grpc_kind.secure_channel(address, credentials)
         self.channel = channel
         self.sessions = pb_grpc.SessionServiceStub(channel)
         self.admin = pb_grpc.AdminServiceStub(channel)
@@ -90,14 +95,6 @@ class _Stubs:
 
 
 class SessionClient(_Stubs):
-    def __init__(
-        self,
-        address: str,
-        api_key: str | None = None,
-        credentials: grpc.ChannelCredentials | None = None,
-    ) -> None:
-        super().__init__(_channel(grpc, address, credentials), api_key)
-
     def open(self, idle_timeout_s: float = 0.0, timeout: float | None = None) -> Session:
         msg = self.sessions.OpenSession(
             pb.OpenSessionRequest(idle_timeout_s=idle_timeout_s),
@@ -157,13 +154,7 @@ class Session:
 class AsyncSessionClient(_Stubs):
     """The same over grpc.aio, for many concurrent sessions from one process."""
 
-    def __init__(
-        self,
-        address: str,
-        api_key: str | None = None,
-        credentials: grpc.ChannelCredentials | None = None,
-    ) -> None:
-        super().__init__(_channel(grpc.aio, address, credentials), api_key)
+    grpc_kind = grpc.aio
 
     async def open(self, idle_timeout_s: float = 0.0, timeout: float | None = None) -> pb.Session:
         return await self.sessions.OpenSession(
