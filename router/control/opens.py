@@ -73,6 +73,8 @@ class Opener:
         abandoned by its caller leaves no session behind (CANCELLED)."""
         if session_id in self.running:
             return await asyncio.shield(self.running[session_id])
+        if wait_s is not None and wait_s <= 0:
+            return _abandoned_error()  # the caller's deadline passed on the way here
         opening = self.running[session_id] = asyncio.get_running_loop().create_future()
         try:
             wait = self.open_timeout_s if wait_s is None else min(wait_s, self.open_timeout_s)
