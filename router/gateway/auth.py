@@ -57,12 +57,14 @@ class ApiKeys:
                     callers[parts[0]] = _caller(parts[1], (parts[2:] or [None])[0], f"{path}:{n}")
         env = os.environ.get("SESSION_ROUTER_API_KEYS", "") if env is None else env
         for item in filter(None, (p.strip() for p in env.split(","))):
-            key, tenant, *role = item.split(":")
-            if not key or not tenant or len(role) > 1:
+            parts = item.split(":")
+            if len(parts) not in (2, 3) or not all(parts[:2]):
                 raise ValueError(
                     "SESSION_ROUTER_API_KEYS must look like KEY:TENANT[:admin],KEY:TENANT[:admin]"
                 )
-            callers[key] = _caller(tenant, (role or [None])[0], "SESSION_ROUTER_API_KEYS")
+            callers[parts[0]] = _caller(
+                parts[1], (parts[2:] or [None])[0], "SESSION_ROUTER_API_KEYS"
+            )
         return cls(callers)
 
     def caller_of(self, metadata: tuple | None) -> Caller:
