@@ -35,7 +35,7 @@ from router.gateway.delivery import Delivery
 from router.gateway.metrics import GatewayMetrics
 from router.gateway.route_cache import RouteCache
 from router.gateway.router_client import RouterClient
-from router.gateway.stream_leases import StreamLeases
+from router.gateway.stream_leases import LeaseRenewer
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class Gateway:
         self.routes = RouteCache(self.router)
         self.delivery = Delivery(self.gateway_id, on_lost=self.replica_lost)
         self.cluster = ClusterView(self.router, on_dead=self._forget_replica)
-        self.leases = StreamLeases()
+        self.leases = LeaseRenewer()
 
     def start(self) -> None:
         self.cluster.start()
@@ -100,7 +100,7 @@ class Gateway:
         """Open a session; waits for room at most ``wait_s`` (what is left of the caller's
         deadline). If the call is cancelled meanwhile (the client cancelled, its deadline
         passed), the open is abandoned at the router, which keeps no session for it.
-        ``lease_s`` > 0: a stream holds the session open (``StreamLeases``)."""
+        ``lease_s`` > 0: a stream holds the session open (``replica.sessions.stream_leases``)."""
         timeout = request.idle_timeout_s
         if timeout < 0 or timeout != timeout:
             raise Refused(

@@ -1,4 +1,4 @@
-"""``StreamLeases``: this gateway's hold on the sessions whose Converse streams it serves.
+"""``LeaseRenewer``: this gateway's hold on the sessions whose Converse streams it serves.
 
 A Converse session lives exactly as long as its stream, so its idle timeout must not release it
 while the stream is open, however quiet the client. The open grants the replica-side lease
@@ -22,7 +22,7 @@ LEASE_S = 15.0
 RENEW_S = 3.0
 
 
-class StreamLeases:
+class LeaseRenewer:
     def __init__(self) -> None:
         self._held: dict[str, Route] = {}  # session id -> its route, while its stream is open
         self._task: asyncio.Task | None = None
