@@ -2,6 +2,7 @@
 
 For each pool, every unit of capacity is in exactly one state: free, in use by a request in the
 running batch, held by an idle session between turns, or cached (0 until a prefix cache exists).
+The host tier's pools (``host_mamba``, ``host_kv_tokens``) are held by parked sessions only.
 ``leaked = capacity - (free + in_use + session_held + cached)`` must be 0 at every snapshot.
 """
 
@@ -69,5 +70,25 @@ def count_pools(
         ),
         PoolStats(
             "req", pool.rows, pool.num_free, len(owning), sessions.session_held_req_slots(active)
+        ),
+        *count_host_pools(sessions),
+    )
+
+
+def count_host_pools(sessions: StreamingSession) -> tuple[PoolStats, ...]:
+    """The host tier (none without parking): parked sessions are its only owners, so nothing is
+    ever ``in_use`` there; ``session_held`` counts from the parked sessions' records."""
+    residency = sessions.residency
+    if residency.parker is None:
+        return ()
+    host = residency.parker.host
+    return (
+        PoolStats("host_mamba", host.mamba.slots, host.mamba.num_free, 0, len(residency.parked)),
+        PoolStats(
+            "host_kv_tokens",
+            host.kv.token_slots,
+            host.kv.free_tokens,
+            0,
+            residency.host_held_tokens(),
         ),
     )

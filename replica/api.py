@@ -51,7 +51,8 @@ class FinishReason(enum.IntEnum):
     INTERRUPTED = 3
 
 
-POOL_NAMES = ("mamba", "kv_tokens", "req")
+POOL_NAMES = ("mamba", "kv_tokens", "req", "host_mamba", "host_kv_tokens")
+HOST_POOL_NAMES = ("host_mamba", "host_kv_tokens")  # present only on replicas that park
 POOL_STATES = ("free", "in_use", "session_held", "cached")
 
 
@@ -188,6 +189,7 @@ class SessionInfo:
     max_context_tokens: int
     turn_running: bool
     idle_timeout_s: float
+    parked: bool = False  # its state is in host memory until its next turn
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,6 +247,17 @@ class PoolStats:
 
 
 @dataclass(frozen=True, slots=True)
+class HistogramCounts:
+    """A histogram's observations so far: ``buckets[i]`` of them were <= ``bounds[i]``
+    (cumulative, as Prometheus counts them); ``count`` and ``total`` over all of them."""
+
+    bounds: tuple[float, ...] = ()
+    buckets: tuple[int, ...] = ()
+    count: int = 0
+    total: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class PoolSnapshot:
     """A consistent view of one replica's pools, taken between engine steps. Cheap to pickle."""
 
@@ -259,6 +272,10 @@ class PoolSnapshot:
     draining: bool = False
     sessions_opened_total: int = 0
     sessions_released_total: dict[str, int] = field(default_factory=dict)
+    sessions_parked: int = 0  # open sessions whose state is in host memory
+    parks_total: int = 0
+    restores_total: int = 0
+    restore_seconds: HistogramCounts = field(default_factory=HistogramCounts)
 
     def pool(self, name: str) -> PoolStats:
         for stats in self.pools:

@@ -35,7 +35,9 @@ class PoolConfig:
 
     ``max_sessions`` sizes the req rows (one per session or running request) and the mamba pool
     (``max_sessions * (1 + mamba_track_buffers)`` slots), so a replica can hold exactly
-    ``max_sessions`` sessions with their state at once.
+    ``max_sessions`` sessions with their state on the GPU at once. ``max_parked_sessions`` sizes
+    the host tier (``host_mamba``: one slot per parked session; ``host_kv_tokens``: their KV),
+    where idle sessions wait without holding GPU slots; 0 turns parking off.
     """
 
     max_sessions: int = setting(
@@ -46,6 +48,14 @@ class PoolConfig:
     page_size: int = setting(16, "KV page size in tokens")
     mamba_track_buffers: int = setting(
         1, "extra mamba slots per session; 1 or more makes turns atomic", choices=(0, 1, 2)
+    )
+    max_parked_sessions: int = setting(
+        0, "idle sessions one replica keeps in host memory beyond --max-sessions (0: no parking)"
+    )
+    host_kv_tokens: int = setting(
+        0,
+        "KV token slots in host memory for parked sessions "
+        "(0: --max-parked-sessions times the KV share of one GPU session)",
     )
     state_dtype: torch.dtype = setting(torch.float32, cli=False)
     kv_dtype: torch.dtype = setting(torch.float32, cli=False)
@@ -65,6 +75,15 @@ class PoolConfig:
         if not 0 <= self.mamba_track_buffers <= 2:
             raise ValueError(
                 f"mamba_track_buffers must be 0, 1 or 2, got {self.mamba_track_buffers}"
+            )
+        if self.max_parked_sessions < 0:
+            raise ValueError(f"max_parked_sessions must be >= 0, got {self.max_parked_sessions}")
+        if self.host_kv_tokens < 0:
+            raise ValueError(f"host_kv_tokens must be >= 0, got {self.host_kv_tokens}")
+        if self.max_parked_sessions and 0 < self.host_kv_tokens < self.page_size:
+            raise ValueError(
+                f"host_kv_tokens ({self.host_kv_tokens}) must hold at least one page of "
+                f"{self.page_size}"
             )
 
     @property
@@ -90,6 +109,19 @@ class PoolConfig:
         """The KV budget placement expects one more session to need (a fair share, >= a page)."""
         return max(self.page_size, self.kv_token_slots // self.max_sessions)
 
+    @property
+    def parking(self) -> bool:
+        return self.max_parked_sessions > 0
+
+    @property
+    def host_kv_pages(self) -> int:
+        """Pages of the host KV pool: ``host_kv_tokens``, or by default a GPU session's KV share
+        for every parked session (0 without parking)."""
+        if not self.parking:
+            return 0
+        tokens = self.host_kv_tokens or self.max_parked_sessions * self.kv_tokens_per_session
+        return max(1, tokens // self.page_size)
+
 
 @dataclass(frozen=True)
 class ReplicaConfig:
@@ -109,6 +141,11 @@ class ReplicaConfig:
     session_idle_timeout_s: float = setting(
         DEFAULT_IDLE_TIMEOUT_S, "idle sessions are released after this long (and no later)"
     )
+    park_after_idle_s: float = setting(
+        0.0,
+        "park a session in host memory once it has been idle this long "
+        "(0: only when GPU room is needed; needs --max-parked-sessions)",
+    )
     max_prefill_chunk: int = setting(256, "input tokens of one turn folded in per engine step")
     max_batch_tokens: int = setting(2048, "tokens one engine step runs at most")
     threads: int = setting(0, "torch threads per replica (0: the cores shared among replicas)")
@@ -119,6 +156,10 @@ class ReplicaConfig:
         object.__setattr__(self, "failpoints", failpoints.check(frozenset(self.failpoints)))
         if self.session_idle_timeout_s <= 0:
             raise ValueError("session_idle_timeout_s must be positive")
+        if self.park_after_idle_s < 0:
+            raise ValueError(f"park_after_idle_s must be >= 0, got {self.park_after_idle_s}")
+        if self.park_after_idle_s and not self.pools.parking:
+            raise ValueError("--park-after-idle-s needs --max-parked-sessions > 0")
         if self.max_prefill_chunk <= 0 or self.max_batch_tokens <= 0:
             raise ValueError("max_prefill_chunk and max_batch_tokens must be positive")
         if self.threads < 0:

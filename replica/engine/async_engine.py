@@ -4,8 +4,9 @@ The engine is single-threaded by contract, so this wrapper gives it one thread t
 Callers on the event loop send commands (``call``) that the engine thread runs between steps, and
 receive each step's ``TurnEvent``s through the ``on_events`` callback, called on the event loop.
 The engine thread never blocks on the event loop, and the event loop never waits for a step.
-Between steps the thread also releases idle sessions and publishes a fresh ``PoolSnapshot``
-(``latest_snapshot``) about every ``snapshot_interval_s``, so readers never touch the pools.
+Between steps the thread also releases (and, with ``park_after_idle_s``, parks) idle sessions about
+every second, and publishes a fresh ``PoolSnapshot`` (``latest_snapshot``) about every
+``snapshot_interval_s``, so readers never touch the pools.
 
 If the engine loop dies (an error no turn owns), ``error`` is set, every command queued or sent
 later fails with ``EngineFailedError``, and ``on_failed(error)`` is called once on the event loop:
@@ -79,6 +80,7 @@ class AsyncEngine:
                 if now >= next_idle_check:
                     next_idle_check = now + 1.0
                     released = self.engine.release_idle()
+                    self.engine.park_idle()
                     if released and self._on_released:
                         self._loop.call_soon_threadsafe(self._on_released, released)
                 if now >= next_snapshot or not self.engine.has_work:

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from replica.accounting import InvariantChecker, count_pools
 from replica.api import (
     FinishReason,
+    HistogramCounts,
     PoolSnapshot,
     ReleaseReason,
     ReplicaDrainingError,
@@ -38,6 +39,7 @@ from replica.engine.turn_check import check_turn
 from replica.engine.turn_outputs import TurnOutputs
 from replica.model import HybridModel, Tokenizer
 from replica.pools.hybrid_pool import HybridReqToTokenPool
+from replica.sessions.parking import Parker
 from replica.sessions.request import Req
 from replica.sessions.session import SessionSlot, StreamingSession
 from replica.sessions.stream_leases import StreamLeases
@@ -60,7 +62,10 @@ class Engine:
         self.model_config = model.cfg
         self.pool = HybridReqToTokenPool(model.cfg, config.pools)
         self.sessions = StreamingSession(
-            self.pool, config.session_idle_timeout_s, failpoints=config.failpoints
+            self.pool,
+            config.session_idle_timeout_s,
+            failpoints=config.failpoints,
+            parker=Parker.build(self.pool, model.cfg, config.pools),
         )
         self.scheduler = Scheduler(
             self.pool, self.sessions, config.max_prefill_chunk, config.max_batch_tokens
@@ -101,6 +106,7 @@ class Engine:
             self.config.pools.max_context,
             self.scheduler.find(slot.session_id)[0] is not None,
             slot.idle_timeout_s,
+            slot.parked,
         )
 
     def session_info(self, session_id: str) -> SessionInfo:
@@ -128,6 +134,12 @@ class Engine:
             self.sessions.release_session(sid, ReleaseReason.IDLE_TIMEOUT)
         return expired
 
+    def park_idle(self) -> int:
+        """Park the sessions idle for ``park_after_idle_s`` (when set); returns how many."""
+        if not self.config.park_after_idle_s:
+            return 0
+        return self.sessions.residency.park_idle(self.config.park_after_idle_s)
+
     # ----- turns ----------------------------------------------------------------------------
 
     def submit(
@@ -151,6 +163,7 @@ class Engine:
         )
         if gateway_id is not None:
             slot.gateway_id = gateway_id
+        self.sessions.residency.touch(slot)
         req = Req(session_id, list(input_ids), sampling)
         if not input_ids and not slot.pending_ids:
             # Nothing to fold and nothing to generate: the turn is done (it would never be
@@ -223,6 +236,7 @@ class Engine:
     # ----- accounting -----------------------------------------------------------------------
 
     def snapshot(self) -> PoolSnapshot:
+        parker = self.sessions.residency.parker
         return PoolSnapshot(
             replica_id=self.replica_id,
             incarnation=self.incarnation,
@@ -235,6 +249,10 @@ class Engine:
             draining=self.draining,
             sessions_opened_total=self.sessions.opened_total,
             sessions_released_total=dict(self.sessions.released_total),
+            sessions_parked=len(self.sessions.parked),
+            parks_total=parker.parks_total if parker else 0,
+            restores_total=parker.restores_total if parker else 0,
+            restore_seconds=parker.restore_seconds.counts() if parker else HistogramCounts(),
         )
 
     def check_invariant(self) -> PoolSnapshot:

@@ -2,8 +2,10 @@
 
 Admission is the only place a turn takes KV: it reserves the pages for its whole turn (input plus
 ``max_new_tokens``), so a running turn never runs out of KV mid-decode and never needs to be
-preempted. Turns are admitted first-come first-served while the KV pool has room; a turn that
-cannot fit while nothing runs (so nothing will free KV soon) is refused, never left to hang.
+preempted. Turns are admitted first-come first-served while GPU room can be made for them (with
+parking, a parked session is restored first and idle sessions are parked to make room); a turn
+that cannot fit while nothing runs (so nothing will free room soon) is refused, never left to
+hang. Admission costs O(turns admitted), however many sessions are open or parked.
 Every step decodes all running turns that have generated a token, and prefills chunks of the
 others within the step's token budget.
 """
@@ -15,8 +17,9 @@ from dataclasses import dataclass, field
 
 from replica.api import PoolExhaustedError
 from replica.pools.hybrid_pool import HybridReqToTokenPool
+from replica.pools.kv_pool import KVTokenPool
 from replica.sessions.request import Req
-from replica.sessions.session import StreamingSession
+from replica.sessions.session import SessionSlot, StreamingSession
 
 
 def turn_reservation(req: Req, committed_len: int, pending: int) -> int:
@@ -27,6 +30,20 @@ def turn_reservation(req: Req, committed_len: int, pending: int) -> int:
 def input_left(req: Req) -> int:
     """Input tokens not yet folded in (generated tokens are folded after the input)."""
     return max(0, len(req.input_ids) - req.turn_folded)
+
+
+def no_room_message(slot: SessionSlot, target: int, kv: KVTokenPool) -> str:
+    if slot.parked:
+        return (
+            "no GPU room to restore this parked session: idle sessions hold the GPU slots and "
+            "the host tier has no room for them; close sessions or raise --max-parked-sessions "
+            "or --host-kv-tokens"
+        )
+    return (
+        f"the KV pool cannot hold this turn: it needs "
+        f"{kv.tokens_needed(slot.committed_len, target)} token slots, {kv.free_tokens} are free "
+        "and the rest are held by idle sessions; close idle sessions or shorten the turn"
+    )
 
 
 @dataclass(slots=True)
@@ -57,28 +74,20 @@ class Scheduler:
         self.waiting.append(req)
 
     def admit(self) -> list[tuple[Req, PoolExhaustedError]]:
-        """Admit waiting turns in order while their KV fits; returns the turns refused."""
+        """Admit waiting turns in order while GPU room can be made for them (a parked session is
+        restored, idle ones parked as needed: ``Residency.room_for_turn``); returns the turns
+        refused."""
         refused = []
         kv = self.pool.kv_pool
         while self.waiting:
             req = self.waiting[0]
             slot = self.sessions.get(req.session_id)
             target = turn_reservation(req, slot.committed_len, len(slot.pending_ids))
-            if not kv.can_extend(slot.committed_len, target):
+            if not self.sessions.residency.room_for_turn(slot, target):
                 if self.running:
-                    break  # running turns will free KV when they end
+                    break  # running turns will free room when they end
                 self.waiting.popleft()
-                refused.append(
-                    (
-                        req,
-                        PoolExhaustedError(
-                            f"the KV pool cannot hold this turn: it needs "
-                            f"{kv.tokens_needed(slot.committed_len, target)} token slots, "
-                            f"{kv.free_tokens} are free and the rest are held by idle sessions; "
-                            "close idle sessions or shorten the turn"
-                        ),
-                    )
-                )
+                refused.append((req, PoolExhaustedError(no_room_message(slot, target, kv))))
                 continue
             self.waiting.popleft()
             self.sessions.restore_to_req(req)

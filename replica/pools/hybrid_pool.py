@@ -44,8 +44,9 @@ class HybridReqToTokenPool(ReqToTokenPool):
     def can_alloc(self, n: int) -> bool:
         return self.num_free >= n and self.mamba_pool.can_alloc(n * self.slots_per_seq)
 
-    def alloc_seqs(self, n: int) -> list[SeqSlots]:
-        """Rows and mamba slots (zeroed) for ``n`` new sequences; all-or-nothing."""
+    def alloc_seqs(self, n: int, zeroed: bool = True) -> list[SeqSlots]:
+        """Rows and mamba slots for ``n`` sequences; all-or-nothing. The mamba slots are zeroed
+        (a new sequence's initial state) unless the caller overwrites them (``zeroed=False``)."""
         if not self.can_alloc(n):
             raise PoolExhaustedError(
                 f"no room for {n} more sequences: {self.num_free} req rows and "
@@ -53,7 +54,8 @@ class HybridReqToTokenPool(ReqToTokenPool):
                 f"{self.slots_per_seq} mamba slots"
             )
         rows = self.alloc_rows(n).tolist()
-        mamba = self.mamba_pool.alloc(n * self.slots_per_seq).view(n, self.slots_per_seq).tolist()
+        mamba = self.mamba_pool.alloc(n * self.slots_per_seq, zeroed)
+        mamba = mamba.view(n, self.slots_per_seq).tolist()
         return [SeqSlots(row, m[0], tuple(m[1:])) for row, m in zip(rows, mamba)]
 
     def free_seq(self, seq: SeqSlots, kv_len: int) -> None:

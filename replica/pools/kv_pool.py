@@ -29,20 +29,23 @@ class KVTokenPool:
         page_size: int,
         dtype: torch.dtype = torch.float32,
         device: str = "cpu",
+        name: str = "kv_pages",
+        pin_memory: bool = False,
     ) -> None:
         if token_slots % page_size:
             raise ValueError(f"token_slots {token_slots} is not a multiple of page {page_size}")
         self.page_size = page_size
         self.token_slots = token_slots
         self.device = device
-        shape = (token_slots, model.num_key_value_heads, model.head_dim)
-        self.k = [
-            torch.zeros(shape, dtype=dtype, device=device) for _ in range(model.num_attn_layers)
-        ]
-        self.v = [
-            torch.zeros(shape, dtype=dtype, device=device) for _ in range(model.num_attn_layers)
-        ]
-        self.page_allocator = SlotAllocator(token_slots // page_size, "kv_pages")
+        # One tensor per kind for all layers (as MambaPool), so moving a session's KV between
+        # pools is one op per kind; ``k[j]``/``v[j]`` are the per-layer views the model uses.
+        shape = (model.num_attn_layers, token_slots, model.num_key_value_heads, model.head_dim)
+        self.k_all, self.v_all = (
+            torch.zeros(shape, dtype=dtype, device=device, pin_memory=pin_memory) for _ in range(2)
+        )
+        self.k = list(self.k_all.unbind(0))
+        self.v = list(self.v_all.unbind(0))
+        self.page_allocator = SlotAllocator(token_slots // page_size, name)
 
     @property
     def free_tokens(self) -> int:

@@ -22,17 +22,21 @@ class MambaPool:
         slots: int,
         dtype: torch.dtype = torch.float32,
         device: str = "cpu",
+        name: str = "mamba",
+        pin_memory: bool = False,
     ) -> None:
         self.slots = slots
         self.device = device
         n = model.num_mamba_layers
         # One tensor per state kind for all layers, so zeroing or copying a batch of slots is one
         # op, not one per layer; ``conv[i]`` and ``ssm[i]`` are per-layer views the model uses.
-        self.conv_all = torch.zeros((n, slots, *model.conv_state_shape), dtype=dtype, device=device)
-        self.ssm_all = torch.zeros((n, slots, *model.ssm_state_shape), dtype=dtype, device=device)
+        self.conv_all, self.ssm_all = (
+            torch.zeros((n, slots, *shape), dtype=dtype, device=device, pin_memory=pin_memory)
+            for shape in (model.conv_state_shape, model.ssm_state_shape)
+        )
         self.conv = list(self.conv_all.unbind(0))
         self.ssm = list(self.ssm_all.unbind(0))
-        self.allocator = SlotAllocator(slots, "mamba")
+        self.allocator = SlotAllocator(slots, name)
 
     @property
     def num_free(self) -> int:
@@ -41,10 +45,11 @@ class MambaPool:
     def can_alloc(self, n: int) -> bool:
         return self.allocator.can_alloc(n)
 
-    def alloc(self, n: int) -> torch.Tensor:
-        """Take ``n`` slots, zeroed. All-or-nothing; raises ``PoolExhaustedError`` when full."""
+    def alloc(self, n: int, zeroed: bool = True) -> torch.Tensor:
+        """Take ``n`` slots, zeroed unless the caller overwrites them at once (``zeroed=False``).
+        All-or-nothing; raises ``PoolExhaustedError`` when full."""
         idx = self.allocator.alloc(n)
-        if n:
+        if n and zeroed:
             self.zero(idx)
         return idx
 

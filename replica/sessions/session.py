@@ -3,17 +3,21 @@
 Ownership of a session's slots moves in one cycle:
   open ─► idle (the ``SessionSlot`` owns them) ─► ``restore_to_req`` ─► a running turn (the
   ``Req`` owns them) ─► ``save_from_req`` or ``rollback`` ─► idle ... ─► ``release_session``.
+With parking (``Residency``), an idle session's state may instead live in host slots
+(``SessionSlot.host``, ``location`` HOST) until its next turn restores it to GPU slots.
 
-``release_session`` frees everything: KV pages, the req row AND the mamba slots (state plus
-track buffer). It is idempotent. Called while a turn runs, it is deferred: the session takes no
-new turn, and its slots are freed when the turn ends (the engine aborts the turn at once, so the
-wait is at most one engine step). Turns are atomic with a track buffer: ``restore_to_req`` copies
-the live mamba state into track-buffer entry 0, and ``rollback`` copies it back and frees the
-turn's KV tail. Without a track buffer, ``rollback`` commits what the turn had folded in.
+``release_session`` frees everything: KV pages, the req row AND the mamba slots (state plus track
+buffer), or a parked session's host slots. It is idempotent. Called while a turn runs, it is
+deferred: the session takes no new turn, and its slots are freed when the turn ends (the engine
+aborts the turn at once, so the wait is at most one engine step). Turns are atomic with a track
+buffer: ``restore_to_req`` copies the live mamba state into track-buffer entry 0, and ``rollback``
+copies it back and frees the turn's KV tail. Without a track buffer, ``rollback`` commits what the
+turn had folded in.
 """
 
 from __future__ import annotations
 
+import enum
 import time
 from collections import Counter
 from collections.abc import Callable, Collection
@@ -21,23 +25,33 @@ from dataclasses import dataclass
 
 from replica.api import (
     InvalidRequestError,
-    PoolExhaustedError,
     ReleaseReason,
     SessionNotFoundError,
     TurnRunningError,
 )
 from replica.config import DEFAULT_IDLE_TIMEOUT_S
+from replica.pools.host_pool import HostSlots
 from replica.pools.hybrid_pool import HybridReqToTokenPool, SeqSlots
+from replica.sessions.parking import Parker
 from replica.sessions.request import Req
+from replica.sessions.residency import Residency
+
+
+class StateLocation(str, enum.Enum):
+    """Where a session's state lives between turns."""
+
+    GPU = "gpu"  # resident: ``SessionSlot.seq`` (req row, mamba slots, KV pages of its row)
+    HOST = "host"  # parked: ``SessionSlot.host`` (host_mamba slot, host KV pages)
 
 
 @dataclass(slots=True, eq=False)
 class SessionSlot:
     """The replica's one record of a session: the slots it holds between turns (``turn`` is the
-    running turn that owns them now), who it belongs to and where its events go."""
+    running turn that owns them now), who it belongs to and where its events go. Exactly one of
+    ``seq`` (resident) and ``host`` (parked) is set; a running turn's session is resident."""
 
     session_id: str
-    seq: SeqSlots
+    seq: SeqSlots | None
     idle_timeout_s: float
     last_active: float
     tenant: str = ""  # the owner; kept so a restarted router can rebuild its table
@@ -46,13 +60,24 @@ class SessionSlot:
     pending_ids: tuple[int, ...] = ()  # produced tokens not yet folded (fed first next turn)
     turn: Req | None = None
     close_reason: ReleaseReason | None = None  # set when a close waits for the turn to end
+    host: HostSlots | None = None  # while parked: its state in the host tier
 
     @property
     def committed_tokens(self) -> int:
         return self.committed_len + len(self.pending_ids)
 
     @property
+    def parked(self) -> bool:
+        return self.host is not None
+
+    @property
+    def location(self) -> StateLocation:
+        return StateLocation.HOST if self.parked else StateLocation.GPU
+
+    @property
     def req_pool_idx(self) -> int:
+        if self.seq is None:
+            raise RuntimeError(f"session {self.session_id} is parked: it holds no req row")
         return self.seq.req_pool_idx
 
 
@@ -63,9 +88,11 @@ class StreamingSession:
         idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
         failpoints: frozenset[str] = frozenset(),
+        parker: Parker | None = None,
     ) -> None:
         self.pool = pool
         self.kv = pool.kv_pool
+        self.residency = Residency(pool, parker, clock)
         self.default_idle_timeout_s = idle_timeout_s
         self.clock = clock
         self.failpoints = failpoints
@@ -77,7 +104,7 @@ class StreamingSession:
         return len(self.sessions)
 
     def can_open(self) -> bool:
-        return self.pool.can_alloc(1)
+        return self.residency.can_place_new()
 
     def open(
         self,
@@ -86,18 +113,15 @@ class StreamingSession:
         tenant: str = "",
         gateway_id: str = "",
     ) -> SessionSlot:
-        """Reserve a row and 1 + track-buffer mamba slots. Raises ``PoolExhaustedError``."""
+        """Reserve a row and 1 + track-buffer mamba slots, or host slots (``Residency``).
+        Raises ``PoolExhaustedError`` when the replica has no room."""
         if session_id in self.sessions:
             raise InvalidRequestError(f"session {session_id} is already open")
-        if not self.can_open():
-            raise PoolExhaustedError(
-                f"replica is full: {len(self.sessions)} sessions open, "
-                f"{self.pool.mamba_pool.num_free} mamba slots free"
-            )
-        (seq,) = self.pool.alloc_seqs(1)
+        seq, host = self.residency.place_new()
         timeout = idle_timeout_s or self.default_idle_timeout_s
-        slot = SessionSlot(session_id, seq, timeout, self.clock(), tenant, gateway_id)
+        slot = SessionSlot(session_id, seq, timeout, self.clock(), tenant, gateway_id, host=host)
         self.sessions[session_id] = slot
+        self.residency.opened(slot)
         self.opened_total += 1
         return slot
 
@@ -110,13 +134,17 @@ class StreamingSession:
         return slot
 
     def restore_to_req(self, req: Req) -> None:
-        """Start a turn: the request takes the session's slots; the pending tokens go first."""
+        """Start a turn: the request takes the session's slots; the pending tokens go first.
+        A parked session must be restored first (``Residency.room_for_turn``)."""
         slot = self.get(req.session_id)
         if slot.turn is not None:
             raise TurnRunningError(
                 f"session {req.session_id} already has a turn running; "
                 "wait for it to finish or interrupt it"
             )
+        if slot.seq is None:
+            raise RuntimeError(f"session {req.session_id} is parked; restore it before its turn")
+        self.residency.turn_started(slot)
         seq = req.seq = slot.seq
         req.prefix_len = req.folded_len = req.kv_len = slot.committed_len
         req.input_ids = [*slot.pending_ids, *req.input_ids]
@@ -153,6 +181,8 @@ class StreamingSession:
         slot.last_active = self.clock()
         if slot.close_reason is not None:
             self._free_slot(slot, slot.close_reason)
+        else:
+            self.residency.turn_ended(slot)
         return slot
 
     def release_session(
@@ -171,10 +201,13 @@ class StreamingSession:
 
     def _free_slot(self, slot: SessionSlot, reason: ReleaseReason) -> None:
         del self.sessions[slot.session_id]
-        if "leak_kv_on_release" not in self.failpoints:
-            self.kv.truncate(self.pool.req_to_token, slot.req_pool_idx, 0, slot.committed_len)
-        self.pool.free_rows(slot.req_pool_idx)
-        self._free_slot_mamba(slot)
+        was_resident = not slot.parked
+        self.residency.released(slot)  # frees a parked session's host slots
+        if was_resident:
+            if "leak_kv_on_release" not in self.failpoints:
+                self.kv.truncate(self.pool.req_to_token, slot.req_pool_idx, 0, slot.committed_len)
+            self.pool.free_rows(slot.req_pool_idx)
+            self._free_slot_mamba(slot)
         self.released_total[reason.value] += 1
 
     def _free_slot_mamba(self, slot: SessionSlot) -> None:
@@ -191,7 +224,14 @@ class StreamingSession:
         ]
 
     def _idle(self, active: Collection[int]) -> list[SessionSlot]:
-        return [s for s in self.sessions.values() if s.req_pool_idx not in active]
+        """Resident sessions whose row is not in the running batch."""
+        return [
+            s for s in self.sessions.values() if s.seq is not None and s.req_pool_idx not in active
+        ]
+
+    @property
+    def parked(self) -> dict[str, SessionSlot]:
+        return self.residency.parked
 
     def session_held_tokens(self, active: Collection[int]) -> int:
         """KV token slots (whole pages) held by sessions whose row is not in ``active``."""

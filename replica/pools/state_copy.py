@@ -1,0 +1,144 @@
+"""Moving sessions' state between pools: ``StateCopier.copy`` sets ``dst[:, d] = src[:, s]`` for
+every layer of two ``[layers, slots, *state]`` tensors (a mamba pool's conv or SSM state, a KV
+pool's K or V paged as ``[layers, pages, page_size, ...]``), whatever devices they live on;
+``copy_state`` does it for every kind of a tier's ``StateTensors`` at the sessions' ``Places``.
+
+The bytes cross memory once, as in a plain copy, never through a batch-sized temporary:
+- a slot whose state (per layer) is large (``direct_bytes``, e.g. a real model's SSM state) is one
+  contiguous run on both sides, copied directly (on CUDA: one DMA straight into pinned memory);
+- small per-slot states (KV pages of a few tokens, a small model's state) are gathered in
+  chunks into one reusable staging buffer (``index_select(out=...)``) and scattered from there
+  (``index_copy_``); on the CPU the chunk stays in cache between the two, on CUDA the staging
+  buffer is pinned and is where a chunk crosses PCIe (the device side gathers or scatters a
+  device chunk).
+Row indices come from a few whole-batch tensor ops; the Python loops run over chunks of at least
+``direct_bytes`` or a staging buffer's worth, never over small rows. Copies are synchronous: a
+returned copy is complete.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from replica.pools.kv_pool import KVTokenPool
+from replica.pools.mamba_pool import MambaPool
+
+CPU_DIRECT_BYTES = 64 * 1024  # a run this large costs far more to move than to issue
+CUDA_DIRECT_BYTES = 2 * 1024 * 1024  # each synchronous DMA this large runs near PCIe speed
+CPU_STAGING_BYTES = 512 * 1024  # stays in the CPU's cache between the gather and the scatter
+CUDA_STAGING_BYTES = 32 * 1024 * 1024  # large enough that each PCIe transfer runs at full speed
+
+
+def slot_rows(slots: torch.Tensor, layers: int, capacity: int) -> torch.Tensor:
+    """Row indices of ``slots`` in every layer, in a ``[layers * capacity, state]`` view of a
+    ``[layers, capacity, *state]`` tensor: layer-major, then the order of ``slots``."""
+    return (torch.arange(layers)[:, None] * capacity + slots.reshape(1, -1)).reshape(-1)
+
+
+class StateTensors(NamedTuple):
+    """A tier's state tensors: ``conv``/``ssm`` ``[layers, slots, *state]``, ``k``/``v``
+    ``[layers, pages, page_size, heads, head_dim]`` (views of the pools' tensors)."""
+
+    conv: torch.Tensor
+    ssm: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+
+    @classmethod
+    def of(cls, mamba: MambaPool, kv: KVTokenPool) -> StateTensors:
+        def paged(t: torch.Tensor) -> torch.Tensor:
+            return t.view(t.shape[0], t.shape[1] // kv.page_size, kv.page_size, *t.shape[2:])
+
+        return cls(mamba.conv_all, mamba.ssm_all, paged(kv.k_all), paged(kv.v_all))
+
+    def transient(self, slots: int, pages: int) -> StateTensors:
+        """Empty CPU tensors shaped like these, for ``slots`` mamba slots and ``pages`` pages."""
+        return StateTensors(
+            *(
+                torch.empty((t.shape[0], n, *t.shape[2:]), dtype=t.dtype)
+                for t, n in zip(self, (slots, slots, pages, pages))
+            )
+        )
+
+
+class Places(NamedTuple):
+    """Where a batch of sessions' state lies in one tier: mamba slots, KV pages (in order)."""
+
+    mamba: torch.Tensor
+    pages: torch.Tensor
+
+    @classmethod
+    def dense(cls, slots: int, pages: int) -> Places:
+        return cls(torch.arange(slots), torch.arange(pages))
+
+
+class StateCopier:
+    """Copies slots' state between pools through one staging buffer (pinned on CUDA)."""
+
+    def __init__(
+        self,
+        cuda: bool = False,
+        staging_bytes: int | None = None,
+        direct_bytes: int | None = None,
+    ) -> None:
+        size = staging_bytes or (CUDA_STAGING_BYTES if cuda else CPU_STAGING_BYTES)
+        self.direct_bytes = direct_bytes or (CUDA_DIRECT_BYTES if cuda else CPU_DIRECT_BYTES)
+        if size < self.direct_bytes:
+            raise ValueError(f"staging_bytes {size} must hold a slot of {self.direct_bytes} bytes")
+        self.staging = torch.empty(size, dtype=torch.uint8, pin_memory=cuda)
+
+    def copy(
+        self,
+        src: torch.Tensor,
+        src_slots: torch.Tensor,
+        dst: torch.Tensor,
+        dst_slots: torch.Tensor,
+    ) -> int:
+        """``dst[:, dst_slots] = src[:, src_slots]`` (all layers); returns the bytes copied.
+
+        ``src`` and ``dst`` have the same layer count, dtype and per-slot state shape; the slot
+        lists have the same length and ``dst_slots`` has no repeats."""
+        if src.shape[0] != dst.shape[0] or src.shape[2:] != dst.shape[2:] or src.dtype != dst.dtype:
+            raise ValueError(f"cannot copy {tuple(src.shape)} {src.dtype} into {tuple(dst.shape)}")
+        if src_slots.numel() != dst_slots.numel():
+            raise ValueError(f"{src_slots.numel()} source slots for {dst_slots.numel()} targets")
+        if src_slots.numel() == 0 or src.shape[0] == 0:
+            return 0
+        slot_bytes = math.prod(src.shape[2:]) * src.element_size()
+        if slot_bytes >= self.direct_bytes:
+            pairs = list(zip(src_slots.tolist(), dst_slots.tolist()))
+            for layer in range(src.shape[0]):
+                for s, d in pairs:
+                    dst[layer, d].copy_(src[layer, s])
+        else:
+            self._copy_staged(src, src_slots, dst, dst_slots)
+        return src.shape[0] * len(src_slots) * slot_bytes
+
+    def _copy_staged(
+        self, src: torch.Tensor, src_slots: torch.Tensor, dst: torch.Tensor, dst_slots: torch.Tensor
+    ) -> None:
+        layers = src.shape[0]
+        src_rows = slot_rows(src_slots.cpu(), layers, src.shape[1]).to(src.device)
+        dst_rows = slot_rows(dst_slots.cpu(), layers, dst.shape[1]).to(dst.device)
+        src2d = src.view(layers * src.shape[1], -1)
+        dst2d = dst.view(layers * dst.shape[1], -1)
+        width = src2d.shape[1]
+        row_bytes = width * src.element_size()  # < direct_bytes <= the staging buffer
+        chunk = self.staging.numel() // row_bytes
+        stage = self.staging[: chunk * row_bytes].view(src.dtype).view(chunk, width)
+        for start in range(0, src_rows.numel(), chunk):
+            s, d = src_rows[start : start + chunk], dst_rows[start : start + chunk]
+            part = stage[: s.numel()]
+            if src.device == part.device:
+                torch.index_select(src2d, 0, s, out=part)
+            else:
+                part.copy_(src2d.index_select(0, s))
+            dst2d.index_copy_(0, d, part if dst.device == part.device else part.to(dst.device))
+
+    def copy_state(self, src: StateTensors, at: Places, dst: StateTensors, to: Places) -> int:
+        """Every state kind of the sessions at ``at`` in ``src`` to ``to`` in ``dst``."""
+        kinds = (at.mamba, at.mamba, at.pages, at.pages), (to.mamba, to.mamba, to.pages, to.pages)
+        return sum(self.copy(*args) for args in zip(src, kinds[0], dst, kinds[1]))
