@@ -25,6 +25,10 @@ CLUSTER_FAMILIES = {
     "session_router_replica_up": "gauge",
     "session_router_replica_draining": "gauge",
     "session_router_snapshot_age_seconds": "gauge",
+    "session_router_sessions_parked": "gauge",
+    "session_router_session_parks_total": "counter",
+    "session_router_session_restores_total": "counter",
+    "session_router_restore_seconds": "histogram",
 }
 GATEWAY_FAMILIES = {
     "session_router_rpc_requests_total": "counter",
@@ -78,8 +82,8 @@ def test_values_come_from_the_snapshots(exposition):
         samples, "session_router_pool_leaked_slots", replica="replica-b", pool="mamba"
     ) == [2]
     assert sum(select(samples, "session_router_pool_leaked_slots")) == 2
-    assert sum(select(samples, "session_router_sessions_pinned")) == 9
-    assert select(samples, "session_router_sessions", replica="replica-a") == [5]
+    assert sum(select(samples, "session_router_sessions_pinned")) == 12
+    assert select(samples, "session_router_sessions", replica="replica-a") == [8]
     assert select(samples, "session_router_sessions_opened_total", replica="replica-b") == [9]
     for replica in ("replica-a", "replica-b", "replica-c"):
         reasons = {
@@ -98,6 +102,36 @@ def test_values_come_from_the_snapshots(exposition):
         reason="replica_lost",
     ) == [6]
     assert select(samples, "session_router_snapshot_age_seconds", replica="replica-b") == [1.5]
+
+
+def test_parking_metrics_come_from_the_snapshots(exposition):
+    """Host pools join the pool gauges; parked sessions, parks, restores and the restore time
+    histogram (cumulative buckets, +Inf = count) come from each replica's snapshot."""
+    samples = parse_samples(exposition)
+    assert select(samples, "session_router_pool_slots", replica="replica-a", pool="host_mamba") == [
+        7,
+        0,
+        3,
+        0,
+    ]
+    assert select(
+        samples, "session_router_pool_capacity_slots", replica="replica-a", pool="host_kv_tokens"
+    ) == [640]
+    assert (
+        select(samples, "session_router_pool_slots", replica="replica-b", pool="host_mamba") == []
+    )
+    assert select(samples, "session_router_sessions_parked", replica="replica-a") == [3]
+    assert select(samples, "session_router_sessions_parked", replica="replica-b") == [0]
+    assert select(samples, "session_router_session_parks_total", replica="replica-a") == [7]
+    assert select(samples, "session_router_session_restores_total", replica="replica-a") == [4]
+    buckets = {
+        dict(items)["le"]: value
+        for (name, items), value in samples.items()
+        if name == "session_router_restore_seconds_bucket" and ("replica", "replica-a") in items
+    }
+    assert buckets == {"0.001": 1, "0.01": 3, "0.1": 4, "+Inf": 4}
+    assert select(samples, "session_router_restore_seconds_sum", replica="replica-a") == [0.0125]
+    assert select(samples, "session_router_restore_seconds_count", replica="replica-a") == [4]
 
 
 def test_health_and_dead_replica_without_snapshot(exposition):

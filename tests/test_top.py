@@ -10,7 +10,7 @@ import pytest
 
 from router.gateway.metrics import build_registry, serve_metrics
 from router.ops.cli import main as cli_main
-from router.ops.pool_table import render
+from router.ops.pool_table import PoolRow, render
 from router.ops.top import CLEAR_SCREEN, fetch_metrics, parse_table, run_top
 from tests.support.metrics import cluster_views
 
@@ -41,8 +41,16 @@ def test_parse_table_reads_every_replica(metrics_url):
     assert list(rows) == ["replica-a", "replica-b", "replica-c"]
     a, b, c = rows["replica-a"], rows["replica-b"], rows["replica-c"]
     assert (a.state, b.state, c.state) == ("up", "draining", "dead")
-    assert (a.sessions, a.pinned, a.snapshot_age_s) == (5, 5, 0.25)
-    assert [pool.pool for pool in a.pools] == ["mamba", "kv_tokens", "req"]
+    assert (a.sessions, a.parked, a.pinned, a.snapshot_age_s) == (8, 3, 8, 0.25)
+    assert [pool.pool for pool in a.pools] == [
+        "mamba",
+        "kv_tokens",
+        "req",
+        "host_mamba",
+        "host_kv_tokens",
+    ]
+    assert a.pools[3] == PoolRow("host_mamba", 3, 7, 0, 0, 10, 0)
+    assert b.parked is None  # replica-b does not park
     mamba = a.pools[0]
     assert (
         mamba.session_held,
@@ -63,6 +71,7 @@ def test_render_shows_the_numbers_and_marks_leaks(metrics_url):
         "REPLICA",
         "STATE",
         "SESSIONS",
+        "PARKED",
         "PINNED",
         "AGE",
         "POOL",
@@ -76,8 +85,9 @@ def test_render_shows_the_numbers_and_marks_leaks(metrics_url):
     assert cells(table, "replica-a") == [
         "replica-a",
         "up",
-        "5",
-        "5",
+        "8",
+        "3",
+        "8",
         "0.2s",
         "mamba",
         "8",
@@ -91,6 +101,7 @@ def test_render_shows_the_numbers_and_marks_leaks(metrics_url):
         "replica-b",
         "draining",
         "5",
+        "-",
         "4",
         "1.5s",
         "mamba",
@@ -106,12 +117,15 @@ def test_render_shows_the_numbers_and_marks_leaks(metrics_url):
     assert cells(table, "replica-c")[:2] == ["replica-c", "dead"]
     kv_lines = [line.split() for line in table.splitlines() if "kv_tokens" in line]
     assert kv_lines[0] == ["kv_tokens", "1000", "3000", "96", "0", "4096", "0"]
+    host_lines = [line.split() for line in table.splitlines() if "host_kv_tokens" in line]
+    assert host_lines == [["host_kv_tokens", "192", "448", "0", "0", "640", "0"]]
     assert table.count("<< LEAK") == 1
     assert "LEAKED SLOTS: 2" in table.splitlines()[-1]
     # columns line up: every line puts POOL at the same offset
     offset = header.index("POOL")
     assert all(
-        line[offset:].split()[0] in ("mamba", "kv_tokens", "req", "-")
+        line[offset:].split()[0]
+        in ("mamba", "kv_tokens", "req", "host_mamba", "host_kv_tokens", "-")
         for line in table.splitlines()[1:-1]
     )
 
@@ -120,7 +134,7 @@ def test_once_mode_prints_the_table(metrics_url, capsys):
     assert cli_main(["top", "--metrics-url", metrics_url, "--once"]) == 0
     printed = capsys.readouterr().out
     assert metrics_url in printed
-    assert cells(printed, "replica-a")[5:9] == ["mamba", "8", "6", "2"]
+    assert cells(printed, "replica-a")[6:10] == ["mamba", "8", "6", "2"]
     assert CLEAR_SCREEN not in printed  # not a tty
 
 

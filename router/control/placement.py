@@ -3,16 +3,20 @@
 A replica is a *candidate* when it is HEALTHY (not draining, not dead, and its latest snapshot
 does not say draining), has a snapshot, and has room for one more session after subtracting the
 opens the router has in flight there, which no snapshot counts yet (``reserved[replica_id]``;
-every open and close reply carries a fresh snapshot, so nothing else is pending):
+every open and close reply carries a fresh snapshot, so nothing else is pending). Room is GPU
+room:
 
 - free mamba slots - reserved * mamba_slots_per_session >= mamba_slots_per_session
 - free req rows    - reserved                           >= 1
 - free KV tokens   - reserved * kv_tokens_per_session  >= kv_tokens_per_session
 
-Among candidates the best is the one with most adjusted free mamba slots; ties go to fewer pinned
-sessions, then to the smaller replica_id (deterministic). With more than ``p2c_threshold``
-candidates, power-of-two choices: two distinct candidates are sampled with ``rng`` and the better
-one is taken, which spreads load without every router herding onto the same replica.
+or host room on a replica that parks sessions (a new session then parks an idle one, or starts
+parked itself): free host_mamba slots - reserved >= 1.
+
+Among candidates the best is the one with most adjusted free mamba slots, then most free host slots;
+ties go to fewer pinned sessions, then to the smaller replica_id (deterministic). With more than
+``p2c_threshold`` candidates, power-of-two choices: two distinct candidates are sampled with ``rng``
+and the better one is taken, which spreads load without every router herding onto the same replica.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ class Room:
     mamba_needed: int
     kv_tokens_needed: int
     sessions_pinned: int
+    free_host: int = 0  # sessions the replica can still park, net of the reserved ones
+    parks: bool = False  # the replica has a host tier
 
     @property
     def mamba_ok(self) -> bool:
@@ -51,13 +57,18 @@ class Room:
         return self.free_kv_tokens >= self.kv_tokens_needed
 
     @property
-    def fits(self) -> bool:
-        """True when one more session fits on every pool."""
-        return self.mamba_ok and self.req_ok and self.kv_ok
+    def host_ok(self) -> bool:
+        return self.free_host >= 1
 
-    def rank_key(self) -> tuple[int, int, str]:
-        """Smaller is better: most free mamba, then fewest pinned sessions, then replica_id."""
-        return (-self.free_mamba, self.sessions_pinned, self.replica_id)
+    @property
+    def fits(self) -> bool:
+        """True when one more session fits on every GPU pool, or in the host tier."""
+        return (self.mamba_ok and self.req_ok and self.kv_ok) or self.host_ok
+
+    def rank_key(self) -> tuple[int, int, int, str]:
+        """Smaller is better: most free mamba, most free host slots, fewest pinned sessions,
+        then replica_id."""
+        return (-self.free_mamba, -self.free_host, self.sessions_pinned, self.replica_id)
 
 
 def is_healthy(view: ReplicaView) -> bool:
@@ -79,6 +90,8 @@ def room_of(view: ReplicaView, reserved: Mapping[str, int] | None = None) -> Roo
         mamba_needed=view.mamba_slots_per_session,
         kv_tokens_needed=view.kv_tokens_per_session,
         sessions_pinned=view.sessions_pinned,
+        free_host=max(0, view.free_host_mamba - held),
+        parks=view.parks,
     )
 
 
@@ -121,6 +134,7 @@ class RoomReport:
     short_mamba: tuple[str, ...]  # "r0 (1 free, 2 per session)"
     short_req: tuple[str, ...]
     short_kv: tuple[str, ...]
+    short_host: tuple[str, ...] = ()  # replicas that park, with their host tier full
 
     @property
     def has_room(self) -> bool:
@@ -149,9 +163,12 @@ class RoomReport:
             parts.append(f"no free req rows: {', '.join(self.short_req)}")
         if self.short_kv:
             parts.append(f"not enough free KV tokens: {', '.join(self.short_kv)}")
+        if self.short_host:
+            parts.append(f"host tier full: {', '.join(self.short_host)}")
         return (
             "no replica has room for a new session (" + "; ".join(parts) + "); close idle "
-            "sessions, lower --session-idle-timeout-s, raise --max-sessions or add replicas"
+            "sessions, lower --session-idle-timeout-s, raise --max-sessions or "
+            "--max-parked-sessions, or add replicas"
         )
 
 
@@ -160,7 +177,7 @@ def room_report(
 ) -> RoomReport:
     """Classify every replica; consistent with ``candidates`` (with_room == their ids)."""
     with_room, draining, dead, not_ready = [], [], [], []
-    short_mamba, short_req, short_kv = [], [], []
+    short_mamba, short_req, short_kv, short_host = [], [], [], []
     for view in views:
         if view.health == ReplicaHealth.DEAD:
             dead.append(view.replica_id)
@@ -185,6 +202,8 @@ def room_report(
                 f"{room.replica_id} ({room.free_kv_tokens} free, "
                 f"{room.kv_tokens_needed} per session)"
             )
+        if room.parks and not room.host_ok:
+            short_host.append(f"{room.replica_id} ({room.free_host} host slots free)")
     return RoomReport(
         len(views),
         tuple(with_room),
@@ -194,4 +213,5 @@ def room_report(
         tuple(short_mamba),
         tuple(short_req),
         tuple(short_kv),
+        tuple(short_host),
     )

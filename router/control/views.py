@@ -29,14 +29,35 @@ class ReplicaView:
     kv_tokens_per_session: int  # KV budget a new session is expected to need (placement)
     sessions_lost: int = 0  # sessions the router released because this replica died
 
+    def _free(self, pool: str) -> int:
+        """Free slots of ``pool`` in the latest snapshot; 0 without one or without that pool."""
+        if self.snapshot is None:
+            return 0
+        try:
+            return self.snapshot.pool(pool).free
+        except KeyError:
+            return 0
+
     @property
     def free_mamba(self) -> int:
-        return self.snapshot.pool("mamba").free if self.snapshot else 0
+        return self._free("mamba")
 
     @property
     def free_req(self) -> int:
-        return self.snapshot.pool("req").free if self.snapshot else 0
+        return self._free("req")
 
     @property
     def free_kv_tokens(self) -> int:
-        return self.snapshot.pool("kv_tokens").free if self.snapshot else 0
+        return self._free("kv_tokens")
+
+    @property
+    def parks(self) -> bool:
+        """Whether the replica has a host tier to park sessions in."""
+        return self.snapshot is not None and any(
+            stats.pool == "host_mamba" for stats in self.snapshot.pools
+        )
+
+    @property
+    def free_host_mamba(self) -> int:
+        """Sessions the replica can still park (0 on a replica without parking)."""
+        return self._free("host_mamba")

@@ -67,6 +67,7 @@ def session_to_proto(session_id: str, replica_id: str, info: SessionInfo) -> pb.
         committed_tokens=info.committed_tokens,
         max_context_tokens=info.max_context_tokens,
         turn_running=info.turn_running,
+        parked=info.parked,
     )
 
 
@@ -89,6 +90,7 @@ def replica_to_proto(view: ReplicaView) -> pb.ReplicaInfo:
     snap = view.snapshot
     if snap is not None:
         info.sessions = snap.open_sessions
+        info.sessions_parked = snap.sessions_parked
         info.running_requests = snap.running_requests
         info.waiting_requests = snap.waiting_requests
         for stats in snap.pools:

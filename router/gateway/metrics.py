@@ -16,10 +16,15 @@ from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
-from replica.api import POOL_NAMES, POOL_STATES, ReleaseReason, StatusCode
+from replica.api import POOL_NAMES, POOL_STATES, HistogramCounts, ReleaseReason, StatusCode
 from router.control.views import ReplicaHealth, ReplicaView
 
 RELEASE_REASONS = tuple(reason.value for reason in ReleaseReason)
@@ -49,8 +54,9 @@ class ClusterCollector(Collector):
 
     Every replica the router lists exports up and the session counters (all release reasons,
     0 when unknown). A live replica also exports draining, sessions_pinned and, once it has a
-    snapshot, the pool gauges, sessions and snapshot age. A dead replica exports no gauge but
-    up=0 (its last snapshot describes slots that are gone, so cluster sums count live replicas
+    snapshot, the pool gauges (the host tier's too, where it parks), sessions, parked sessions,
+    parks, restores, the restore time histogram and snapshot age. A dead replica exports no gauge
+    but up=0 (its last snapshot describes slots that are gone, so cluster sums count live replicas
     only), and nothing at all once the router has forgotten it (``dead_replica_retention_s``).
     """
 
@@ -111,6 +117,26 @@ class ClusterCollector(Collector):
             "Seconds since the replica's latest pool snapshot.",
             labels=["replica"],
         )
+        parked = GaugeMetricFamily(
+            "session_router_sessions_parked",
+            "Open sessions whose state is parked in the replica's host memory.",
+            labels=["replica"],
+        )
+        parks = CounterMetricFamily(
+            "session_router_session_parks",
+            "Sessions parked: their state moved from GPU slots to host memory.",
+            labels=["replica"],
+        )
+        restores = CounterMetricFamily(
+            "session_router_session_restores",
+            "Parked sessions restored to GPU slots for a turn.",
+            labels=["replica"],
+        )
+        restore_seconds = HistogramMetricFamily(
+            "session_router_restore_seconds",
+            "Seconds to restore a parked session's state to GPU slots (room made included).",
+            labels=["replica"],
+        )
         for view in views:
             rid, snap = view.replica_id, view.snapshot
             dead = view.health == ReplicaHealth.DEAD
@@ -131,6 +157,10 @@ class ClusterCollector(Collector):
             if snap is None:
                 continue
             sessions.add_metric([rid], snap.open_sessions)
+            parked.add_metric([rid], snap.sessions_parked)
+            parks.add_metric([rid], snap.parks_total)
+            restores.add_metric([rid], snap.restores_total)
+            restore_seconds.add_metric([rid], *histogram_buckets(snap.restore_seconds))
             for name in POOL_NAMES:
                 try:
                     stats = snap.pool(name)
@@ -141,6 +171,13 @@ class ClusterCollector(Collector):
                 capacity.add_metric([rid, name], stats.capacity)
                 leaked.add_metric([rid, name], stats.leaked)
         yield from (slots, capacity, leaked, sessions, pinned, opened, released, up, draining, age)
+        yield from (parked, parks, restores, restore_seconds)
+
+
+def histogram_buckets(counts: HistogramCounts) -> tuple[list[tuple[str, float]], float]:
+    """A replica's ``HistogramCounts`` as Prometheus buckets (with ``+Inf``) and sum."""
+    buckets = [(repr(float(b)), float(n)) for b, n in zip(counts.bounds, counts.buckets)]
+    return [*buckets, ("+Inf", float(counts.count))], counts.total
 
 
 class GatewayMetrics:

@@ -1,7 +1,9 @@
 """The per-replica table of pools that ``top`` and ``demo`` draw, with rich.
 
 One row per (replica, pool): held, free, in use, cached, capacity and leaked slots; a pool with
-leaked slots is marked ``<< LEAK`` and the last line sums the leaks. ``rows_from_replicas``
+leaked slots is marked ``<< LEAK`` and the last line sums the leaks. A replica that parks sessions
+shows its host tier (``host_mamba``, ``host_kv_tokens``) under its GPU pools, and how many of its
+sessions are parked (PARKED; ``-`` where it does not park). ``rows_from_replicas``
 reads AdminService's ``ReplicaInfo`` (the demo); ``router.ops.top`` reads /metrics.
 """
 
@@ -15,9 +17,9 @@ from rich.console import Console
 from rich.table import Table
 
 from protos import session_router_pb2 as pb
-from replica.api import POOL_NAMES
+from replica.api import HOST_POOL_NAMES, POOL_NAMES
 
-COLUMNS = ("REPLICA", "STATE", "SESSIONS", "PINNED", "AGE", "POOL")
+COLUMNS = ("REPLICA", "STATE", "SESSIONS", "PARKED", "PINNED", "AGE", "POOL")
 NUMBERS = ("HELD", "FREE", "IN_USE", "CACHED", "CAPACITY", "LEAKED")
 STATES = {pb.REPLICA_STATE_HEALTHY: "up", pb.REPLICA_STATE_DRAINING: "draining"}
 
@@ -43,6 +45,7 @@ class ReplicaRow:
     pinned: int | None
     snapshot_age_s: float | None
     pools: tuple[PoolRow, ...]
+    parked: int | None = None  # None where the replica does not park sessions
 
     @property
     def leaked(self) -> int:
@@ -63,6 +66,7 @@ def rows_from_replicas(replicas: Sequence[pb.ReplicaInfo]) -> list[ReplicaRow]:
             for p in (by_name[name] for name in pool_order(by_name))
         )
         state = STATES.get(info.state, "dead")
+        parks = any(p.pool in HOST_POOL_NAMES for p in pools)
         rows.append(
             ReplicaRow(
                 info.replica_id,
@@ -71,12 +75,13 @@ def rows_from_replicas(replicas: Sequence[pb.ReplicaInfo]) -> list[ReplicaRow]:
                 info.sessions_pinned,
                 info.snapshot_age_s,
                 pools,
+                info.sessions_parked if parks else None,
             )
         )
     return rows
 
 
-def render(rows: Sequence[ReplicaRow], width: int = 120) -> str:
+def render(rows: Sequence[ReplicaRow], width: int = 132) -> str:
     """The table as text (no colour codes), with a summary line."""
     table = Table(box=None, pad_edge=False, show_edge=False)
     for name in COLUMNS:
@@ -90,7 +95,7 @@ def render(rows: Sequence[ReplicaRow], width: int = 120) -> str:
 
     for row in rows:
         age = "-" if row.snapshot_age_s is None else f"{row.snapshot_age_s:.1f}s"
-        head = [row.replica, row.state, show(row.sessions), show(row.pinned), age]
+        head = [row.replica, row.state, show(row.sessions), show(row.parked), show(row.pinned), age]
         for index, pool in enumerate(row.pools or (None,)):
             cells = head if index == 0 else [""] * len(head)
             if pool is None:

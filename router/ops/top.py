@@ -86,6 +86,7 @@ def parse_table(exposition_text: str) -> list[ReplicaRow]:
                 count("sessions_pinned", replica),
                 maxes.get(("snapshot_age_seconds", replica)),
                 pools,
+                count("sessions_parked", replica) if "host_mamba" in names else None,
             )
         )
     return rows

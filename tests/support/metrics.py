@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from replica.api import PoolSnapshot, PoolStats
+from replica.api import HistogramCounts, PoolSnapshot, PoolStats
 from router.control.views import ReplicaHealth, ReplicaView
 
 
 def cluster_views() -> list[ReplicaView]:
-    """Three replicas: healthy, draining (with 2 leaked mamba slots), dead without a snapshot."""
+    """Three replicas: healthy (parking 3 sessions), draining (with 2 leaked mamba slots, no
+    parking), dead without a snapshot."""
     healthy = PoolSnapshot(
         "replica-a",
         "inc-1",
@@ -17,13 +18,19 @@ def cluster_views() -> list[ReplicaView]:
             PoolStats("mamba", 16, 6, 2, 8),
             PoolStats("kv_tokens", 4096, 3000, 96, 1000),
             PoolStats("req", 8, 3, 1, 4),
+            PoolStats("host_mamba", 10, 7, 0, 3),
+            PoolStats("host_kv_tokens", 640, 448, 0, 192),
         ),
-        open_sessions=5,
+        open_sessions=8,
         running_requests=1,
         waiting_requests=0,
         taken_at=100.0,
-        sessions_opened_total=12,
+        sessions_opened_total=15,
         sessions_released_total={"closed": 4, "stream_ended": 2, "idle_timeout": 1},
+        sessions_parked=3,
+        parks_total=7,
+        restores_total=4,
+        restore_seconds=HistogramCounts((0.001, 0.01, 0.1), (1, 3, 4), 4, 0.0125),
     )
     draining = PoolSnapshot(
         "replica-b",
@@ -42,7 +49,7 @@ def cluster_views() -> list[ReplicaView]:
         sessions_released_total={"closed": 3, "aborted": 1},
     )
     return [
-        ReplicaView("replica-a", "node-1", ReplicaHealth.HEALTHY, healthy, 0.25, 5, 2, 64),
+        ReplicaView("replica-a", "node-1", ReplicaHealth.HEALTHY, healthy, 0.25, 8, 2, 64),
         ReplicaView("replica-b", "node-2", ReplicaHealth.DRAINING, draining, 1.5, 4, 2, 64),
         ReplicaView(
             "replica-c", "node-3", ReplicaHealth.DEAD, None, float("inf"), 0, 2, 64, sessions_lost=6
