@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import torch
+
 from replica.accounting import InvariantChecker, count_pools
 from replica.api import PoolSnapshot
 from replica.config import PoolConfig
 from replica.model import tiny_config
 from replica.model.config import ModelConfig
 from replica.pools.hybrid_pool import HybridReqToTokenPool
+from replica.pools.kv_pool import pages_for
+from replica.sessions.parking import Parker
 from replica.sessions.request import Req
 from replica.sessions.session import StreamingSession
 
@@ -35,17 +39,23 @@ def make_pools(
     max_context: int = 256,
     idle_timeout_s: float = 60.0,
     model: ModelConfig = TINY_MODEL,
+    max_parked: int = 0,
+    host_kv_tokens: int = 0,
 ):
+    """GPU pools and sessions over them (with a host tier when ``max_parked``), on a fake clock."""
     cfg = PoolConfig(
         max_sessions=max_sessions,
         kv_tokens=kv_tokens,
         page_size=page_size,
         mamba_track_buffers=track,
         max_context=max_context,
+        max_parked_sessions=max_parked,
+        host_kv_tokens=host_kv_tokens,
     )
     pool = HybridReqToTokenPool(model, cfg)
     clock = FakeClock()
-    sessions = StreamingSession(pool, idle_timeout_s=idle_timeout_s, clock=clock)
+    parker = Parker.build(pool, model, cfg)
+    sessions = StreamingSession(pool, idle_timeout_s=idle_timeout_s, clock=clock, parker=parker)
     return pool, sessions, clock
 
 
@@ -65,6 +75,8 @@ def assert_consistent(
     snap = snapshot(pool, sessions, running)
     InvariantChecker(strict=True).check(snap)
     pool.check_integrity()
+    if sessions.residency.parker is not None:
+        sessions.residency.parker.host.check_integrity()
     return snap
 
 
@@ -81,3 +93,29 @@ def grow(pool: HybridReqToTokenPool, req: Req, new_tokens: int) -> None:
         pool.kv_pool.extend(pool.req_to_token, req.seq.req_pool_idx, req.kv_len, target)
         req.kv_len = target
     req.folded_len = target
+
+
+def read_state(sessions: StreamingSession, session_id: str) -> dict[str, torch.Tensor]:
+    """An idle session's state, copied from wherever it lives (GPU or host tier): its live mamba
+    state ``conv``/``ssm`` ``[layers, ...]`` and the ``k``/``v`` of its committed positions
+    ``[attention layers, committed_len, heads, head_dim]``."""
+    slot = sessions.get(session_id)
+    assert slot.turn is None, f"session {session_id} has a turn running"
+    n = slot.committed_len
+    if slot.parked:
+        host = sessions.residency.parker.host
+        mamba, kv, idx = host.mamba, host.kv, slot.host.mamba_idx
+        page = kv.page_size
+        assert slot.host.kv_pages.numel() == pages_for(n, page)
+        positions = torch.arange(n)
+        token_slots = slot.host.kv_pages[positions // page] * page + positions % page
+    else:
+        pool = sessions.pool
+        mamba, kv, idx = pool.mamba_pool, pool.kv_pool, slot.seq.mamba_pool_idx
+        token_slots = pool.req_to_token[slot.req_pool_idx, :n].long()
+    return {
+        "conv": mamba.conv_all[:, idx].clone(),
+        "ssm": mamba.ssm_all[:, idx].clone(),
+        "k": kv.k_all[:, token_slots].clone(),
+        "v": kv.v_all[:, token_slots].clone(),
+    }
