@@ -37,7 +37,7 @@ def test_copies_exactly_the_given_slots_of_every_layer(copier, dtype):
 
 
 def test_staged_copy_spans_several_staging_buffers():
-    copier = StateCopier(staging_bytes=256, direct_bytes=256)  # 2 slots of 128 bytes a chunk
+    copier = StateCopier(staging_bytes=512, direct_bytes=256)  # 2 slots x 2 layers a chunk
     src = random_pool(2, 16, (32,), torch.float32, seed=3)
     dst = torch.zeros(2, 16, 32)
     slots = torch.randperm(16, generator=torch.Generator().manual_seed(4))
@@ -58,5 +58,12 @@ def test_nothing_to_copy_and_mismatches():
         copier.copy(src, torch.tensor([0]), dst.double(), torch.tensor([0]))
     with pytest.raises(ValueError, match="2 source slots for 1 targets"):
         copier.copy(src, torch.tensor([0, 1]), dst, torch.tensor([0]))
-    with pytest.raises(ValueError, match="must hold a slot"):
-        StateCopier(staging_bytes=100, direct_bytes=200)
+
+
+def test_the_staging_buffer_grows_to_hold_one_slot_of_every_layer():
+    copier = StateCopier(staging_bytes=64, direct_bytes=1 << 20)
+    src = random_pool(6, 5, (16,), torch.float32, seed=5)  # 6 layers x 64 bytes a slot
+    dst = torch.zeros(6, 5, 16)
+    copier.copy(src, torch.tensor([4, 1, 3]), dst, torch.tensor([0, 2, 4]))
+    assert torch.equal(dst[:, [0, 2, 4]], src[:, [4, 1, 3]])
+    assert copier.staging.numel() == 6 * 64

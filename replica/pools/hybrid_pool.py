@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import torch
+
 from replica.api import PoolExhaustedError
 from replica.config import PoolConfig
 from replica.model.buffers import LayerBuffers
@@ -60,9 +62,19 @@ class HybridReqToTokenPool(ReqToTokenPool):
 
     def free_seq(self, seq: SeqSlots, kv_len: int) -> None:
         """Free a sequence's KV pages (positions ``0..kv_len-1``), its row and its mamba slots."""
-        self.kv_pool.truncate(self.req_to_token, seq.req_pool_idx, 0, kv_len)
-        self.free_rows(seq.req_pool_idx)
-        self.free_mamba(seq)
+        self.free_seqs([seq], [kv_len])
+
+    def free_seqs(self, seqs: list[SeqSlots], kv_lens: list[int]) -> None:
+        """``free_seq`` for many sequences, one free per allocator."""
+        pages = [
+            self.kv_pool.pages_of(self.req_to_token, seq.req_pool_idx, 0, n)
+            for seq, n in zip(seqs, kv_lens)
+        ]
+        self.kv_pool.page_allocator.free(torch.cat(pages))
+        self.free_rows([seq.req_pool_idx for seq in seqs])
+        self.mamba_pool.free(
+            [i for seq in seqs for i in (seq.mamba_pool_idx, *seq.mamba_track_buffer)]
+        )
 
     def free_mamba(self, seq: SeqSlots) -> None:
         self.mamba_pool.free([seq.mamba_pool_idx, *seq.mamba_track_buffer])

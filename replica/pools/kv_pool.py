@@ -81,13 +81,18 @@ class KVTokenPool:
 
     def truncate(self, req_to_token: torch.Tensor, row: int, keep_len: int, cur_len: int) -> None:
         """Free the pages of ``row`` that lie wholly beyond ``keep_len`` (of ``cur_len``)."""
+        self.page_allocator.free(self.pages_of(req_to_token, row, keep_len, cur_len))
+
+    def pages_of(
+        self, req_to_token: torch.Tensor, row: int, keep_len: int, cur_len: int
+    ) -> torch.Tensor:
+        """The pages of ``row`` that lie wholly beyond ``keep_len`` (of ``cur_len``), in order."""
         p = self.page_size
         first, last = pages_for(keep_len, p), pages_for(cur_len, p)
         if last <= first:
-            return
+            return torch.empty(0, dtype=torch.int64)
         starts = torch.arange(first, last, dtype=torch.int64, device=req_to_token.device) * p
-        pages = req_to_token[row].index_select(0, starts).to("cpu", torch.int64) // p
-        self.page_allocator.free(pages)
+        return req_to_token[row].index_select(0, starts).to("cpu", torch.int64) // p
 
     def check_integrity(self) -> None:
         self.page_allocator.check_integrity()

@@ -6,14 +6,13 @@ pool's K or V paged as ``[layers, pages, page_size, ...]``), whatever devices th
 The bytes cross memory once, as in a plain copy, never through a batch-sized temporary:
 - a slot whose state (per layer) is large (``direct_bytes``, e.g. a real model's SSM state) is one
   contiguous run on both sides, copied directly (on CUDA: one DMA straight into pinned memory);
-- small per-slot states (KV pages of a few tokens, a small model's state) are gathered in
-  chunks into one reusable staging buffer (``index_select(out=...)``) and scattered from there
-  (``index_copy_``); on the CPU the chunk stays in cache between the two, on CUDA the staging
-  buffer is pinned and is where a chunk crosses PCIe (the device side gathers or scatters a
-  device chunk).
-Row indices come from a few whole-batch tensor ops; the Python loops run over chunks of at least
-``direct_bytes`` or a staging buffer's worth, never over small rows. Copies are synchronous: a
-returned copy is complete.
+- small per-slot states (KV pages of a few tokens, a small model's state) are gathered, every
+  layer of a chunk of slots at once, into one reusable staging buffer (``index_select(out=...)``)
+  and scattered from there (``index_copy_``); on the CPU the chunk stays in cache between the
+  two, on CUDA the staging buffer is pinned and is where a chunk crosses PCIe (the device side
+  gathers or scatters a device chunk).
+The Python loops run over chunks of at least ``direct_bytes`` or a staging buffer's worth, never
+over small rows. Copies are synchronous: a returned copy is complete.
 """
 
 from __future__ import annotations
@@ -30,12 +29,6 @@ CPU_DIRECT_BYTES = 64 * 1024  # a run this large costs far more to move than to 
 CUDA_DIRECT_BYTES = 2 * 1024 * 1024  # each synchronous DMA this large runs near PCIe speed
 CPU_STAGING_BYTES = 512 * 1024  # stays in the CPU's cache between the gather and the scatter
 CUDA_STAGING_BYTES = 32 * 1024 * 1024  # large enough that each PCIe transfer runs at full speed
-
-
-def slot_rows(slots: torch.Tensor, layers: int, capacity: int) -> torch.Tensor:
-    """Row indices of ``slots`` in every layer, in a ``[layers * capacity, state]`` view of a
-    ``[layers, capacity, *state]`` tensor: layer-major, then the order of ``slots``."""
-    return (torch.arange(layers)[:, None] * capacity + slots.reshape(1, -1)).reshape(-1)
 
 
 class StateTensors(NamedTuple):
@@ -86,8 +79,6 @@ class StateCopier:
     ) -> None:
         size = staging_bytes or (CUDA_STAGING_BYTES if cuda else CPU_STAGING_BYTES)
         self.direct_bytes = direct_bytes or (CUDA_DIRECT_BYTES if cuda else CPU_DIRECT_BYTES)
-        if size < self.direct_bytes:
-            raise ValueError(f"staging_bytes {size} must hold a slot of {self.direct_bytes} bytes")
         self.staging = torch.empty(size, dtype=torch.uint8, pin_memory=cuda)
 
     def copy(
@@ -120,23 +111,24 @@ class StateCopier:
     def _copy_staged(
         self, src: torch.Tensor, src_slots: torch.Tensor, dst: torch.Tensor, dst_slots: torch.Tensor
     ) -> None:
-        layers = src.shape[0]
-        src_rows = slot_rows(src_slots.cpu(), layers, src.shape[1]).to(src.device)
-        dst_rows = slot_rows(dst_slots.cpu(), layers, dst.shape[1]).to(dst.device)
-        src2d = src.view(layers * src.shape[1], -1)
-        dst2d = dst.view(layers * dst.shape[1], -1)
-        width = src2d.shape[1]
-        row_bytes = width * src.element_size()  # < direct_bytes <= the staging buffer
-        chunk = self.staging.numel() // row_bytes
-        stage = self.staging[: chunk * row_bytes].view(src.dtype).view(chunk, width)
-        for start in range(0, src_rows.numel(), chunk):
-            s, d = src_rows[start : start + chunk], dst_rows[start : start + chunk]
-            part = stage[: s.numel()]
+        layers, width = src.shape[0], math.prod(src.shape[2:])
+        slot_bytes = layers * width * src.element_size()  # one slot, every layer
+        if slot_bytes > self.staging.numel():  # many layers: hold one slot of each, once
+            self.staging = torch.empty(
+                slot_bytes, dtype=torch.uint8, pin_memory=self.staging.is_pinned()
+            )
+        chunk = self.staging.numel() // slot_bytes
+        src3 = src.view(layers, src.shape[1], width)
+        dst3 = dst.view(layers, dst.shape[1], width)
+        src_idx, dst_idx = src_slots.to(src.device), dst_slots.to(dst.device)
+        for start in range(0, src_idx.numel(), chunk):
+            s, d = src_idx[start : start + chunk], dst_idx[start : start + chunk]
+            part = self.staging[: s.numel() * slot_bytes].view(src.dtype).view(layers, -1, width)
             if src.device == part.device:
-                torch.index_select(src2d, 0, s, out=part)
+                torch.index_select(src3, 1, s, out=part)
             else:
-                part.copy_(src2d.index_select(0, s))
-            dst2d.index_copy_(0, d, part if dst.device == part.device else part.to(dst.device))
+                part.copy_(src3.index_select(1, s))
+            dst3.index_copy_(1, d, part if dst.device == part.device else part.to(dst.device))
 
     def copy_state(self, src: StateTensors, at: Places, dst: StateTensors, to: Places) -> int:
         """Every state kind of the sessions at ``at`` in ``src`` to ``to`` in ``dst``."""

@@ -170,8 +170,8 @@ class Parker:
             slot.seq = seq
 
     def _free_gpu(self, slots: Sequence[SessionSlot]) -> None:
+        self.pool.free_seqs([s.seq for s in slots], [s.committed_len for s in slots])
         for slot in slots:
-            self.pool.free_seq(slot.seq, slot.committed_len)
             slot.seq = None
 
     def _gpu_places(self, slots: Sequence[SessionSlot]) -> Places:

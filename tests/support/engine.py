@@ -12,6 +12,7 @@ from replica.config import PoolConfig, ReplicaConfig
 from replica.engine.engine import Engine
 from replica.model import HybridModel, Tokenizer, build_tiny_bamba, load_model
 from replica.model.config import ModelConfig
+from tests.support.pools import read_state
 
 MAX_STEPS = 100_000
 
@@ -101,19 +102,14 @@ def close_and_check(engine: Engine) -> None:
 
 
 def session_state(engine: Engine, session_id: str) -> dict[str, object]:
-    """An idle session's state, copied: mamba conv/SSM state of every layer, the K/V of its
-    committed positions in every attention layer, its committed length and pending tokens."""
+    """An idle session's state, copied from wherever it lives (GPU slots or, parked, the host
+    tier): mamba conv/SSM state of every layer, the K/V of its committed positions in every
+    attention layer, its committed length and pending tokens."""
     slot = engine.sessions.get(session_id)
-    assert slot.turn is None, f"session {session_id} has a turn running"
-    mamba, kv = engine.pool.mamba_pool, engine.pool.kv_pool
-    positions = engine.pool.req_to_token[slot.req_pool_idx, : slot.committed_len].long()
     return {
         "committed_len": slot.committed_len,
         "pending_ids": slot.pending_ids,
-        "conv": mamba.conv_all[:, slot.seq.mamba_pool_idx].clone(),
-        "ssm": mamba.ssm_all[:, slot.seq.mamba_pool_idx].clone(),
-        "k": torch.stack([k[positions] for k in kv.k]),
-        "v": torch.stack([v[positions] for v in kv.v]),
+        **read_state(engine.sessions, session_id),
     }
 
 
