@@ -38,6 +38,7 @@ from tests.support.prometheus import (
 )
 
 MAX_SESSIONS = 8
+MAX_PARKED = 4  # per replica: the parking panels and the host pools get data
 TRACK_BUFFERS = 2
 SLOTS_PER_SESSION = 1 + TRACK_BUFFERS
 SERVE_ARGS = [
@@ -51,6 +52,8 @@ SERVE_ARGS = [
     "4096",
     "--max-context",
     "512",
+    "--max-parked-sessions",
+    str(MAX_PARKED),
     # Tests run strict (DESIGN.md, accounting); a short open timeout makes the forced
     # RESOURCE_EXHAUSTED (for the "Opens rejected" panel) cost 1 s instead of 10.
     "--strict",
@@ -165,9 +168,10 @@ QUERIES = dashboard_queries()
 
 @pytest.fixture(scope="module")
 def activity(prom, client):
-    """Traffic that gives every dashboard series samples: fill the cluster until OpenSession is
-    refused (open_rejected_total), close most, run Generate turns on the rest (TTFT, tokens,
-    RPC histograms), and leave those sessions open while the dashboard is queried."""
+    """Traffic that gives every dashboard series samples: fill the cluster, GPU slots and host
+    memory, until OpenSession is refused (open_rejected_total; the sessions opened first are
+    parked), close most, run Generate turns on the first ones (restores, TTFT, tokens, RPC
+    histograms), and leave those sessions open while the dashboard is queried."""
     opened, refused = [], None
     try:
         for _ in range(4 * MAX_SESSIONS):
@@ -178,7 +182,7 @@ def activity(prom, client):
                 break
         assert refused is not None, f"{len(opened)} sessions opened and none refused"
         assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused
-        assert len(opened) == 2 * MAX_SESSIONS, f"cluster held {len(opened)} sessions"
+        assert len(opened) == 2 * (MAX_SESSIONS + MAX_PARKED), f"cluster held {len(opened)}"
         keep, extra = opened[:4], opened[4:]
         for session in extra:
             session.close()
@@ -191,6 +195,7 @@ def activity(prom, client):
                 assert ids and reason, (turn, session.id, ids, reason)
         prom.wait_value("sum(session_router_sessions_pinned)", len(keep))
         prom.wait_value('sum(session_router_open_rejected_total{reason="no_room"})', 1)
+        prom.wait_value("sum(session_router_session_restores_total) >= bool 4", 1)
         yield keep
     finally:
         for session in opened:
