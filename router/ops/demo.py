@@ -1,9 +1,11 @@
 """``session-router demo``: a local cluster serving a few hundred short sessions.
 
 Starts an embedded Ray with 2 replicas, runs short sessions from 16 concurrent clients
-(multi-turn Generate, Converse with barge-in, a few clients that disconnect mid-stream), prints a
-per-replica table of the mamba / KV / req slots before, during and after, the sessions/s and the
-time to first token, and exits 0 only when every pool is back at capacity with nothing leaked.
+(multi-turn Generate, Converse with barge-in, a few clients that disconnect mid-stream), then
+keeps more sessions open at once than the replicas have GPU slots, so idle ones are parked in host
+memory and restored for their turns (``router.ops.demo_parking``). Prints a per-replica table of
+the GPU and host pools before, during and after, the sessions/s, the time to first token and the
+parks and restores, and exits 0 only when every pool is back at capacity with nothing leaked.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from router.client import AsyncSessionClient, generate_request
 from router.config import ServeConfig
 from router.flags import add_arguments as add_serve_arguments
 from router.flags import from_arguments
+from router.ops.demo_parking import run_parking_phase
 from router.ops.pool_table import render, rows_from_replicas
 from router.ops.serve import Server
 
@@ -39,6 +42,7 @@ PROMPTS = [
 DEMO_DEFAULTS = ServeConfig.from_flags(
     replicas=2,
     max_sessions=12,
+    max_parked_sessions=60,
     mamba_track_buffers=2,
     kv_tokens=8192,
     max_context=512,
@@ -56,6 +60,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sessions", type=int, default=300, help="sessions to run")
     parser.add_argument("--concurrency", type=int, default=16, help="concurrent clients")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--parked-sessions",
+        type=int,
+        default=96,
+        help="sessions kept open at once in the parking phase (0: skip it)",
+    )
     add_serve_arguments(parser, ServeConfig, DEMO_DEFAULTS)
 
 
@@ -223,6 +233,11 @@ async def run_demo(args: argparse.Namespace) -> int:
             )
         await asyncio.gather(*workers)
         elapsed = time.perf_counter() - started
+        parking = None
+        if args.parked_sessions:
+            parking = await run_parking_phase(
+                client, server.metrics_url, args.parked_sessions, args.concurrency, args.seed
+            )
         after = await wait_back_at_capacity(client, 10)
         print("after:\n" + pool_table(after) + "\n")
         ttft = stats.ttft
@@ -236,9 +251,12 @@ async def run_demo(args: argparse.Namespace) -> int:
                 f"time to first token: p50 {statistics.median(ttft) * 1e3:.1f} ms, "
                 f"p99 {p99 * 1e3:.1f} ms over {len(ttft)} turns"
             )
+        if parking is not None:
+            print(parking.summary())
         leaked = sum(abs(p.leaked) for r in after for p in r.pools)
         at_capacity = all(p.free == p.capacity for r in after for p in r.pools)
         ok = at_capacity and leaked == 0 and stats.done == args.sessions
+        ok = ok and (parking is None or parking.turns == args.parked_sessions)
         print(
             "result: "
             + (
