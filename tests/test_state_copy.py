@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from replica.pools.state_copy import StateCopier
+from replica.pools.state_copy import StateCopier, contiguous_runs
 
 
 def random_pool(layers: int, slots: int, state: tuple[int, ...], dtype, seed: int):
@@ -67,3 +67,18 @@ def test_the_staging_buffer_grows_to_hold_one_slot_of_every_layer():
     copier.copy(src, torch.tensor([4, 1, 3]), dst, torch.tensor([0, 2, 4]))
     assert torch.equal(dst[:, [0, 2, 4]], src[:, [4, 1, 3]])
     assert copier.staging.numel() == 6 * 64
+
+
+def test_consecutive_slots_are_copied_as_one_run():
+    assert contiguous_runs(
+        torch.tensor([4, 5, 6, 9, 10, 11]), torch.tensor([0, 1, 2, 3, 7, 8])
+    ) == [
+        (4, 0, 3),
+        (9, 3, 1),
+        (10, 7, 2),
+    ]
+    copier = StateCopier(staging_bytes=4096, direct_bytes=64)
+    src = random_pool(2, 12, (16,), torch.float32, seed=6)
+    dst = torch.zeros(2, 12, 16)
+    copier.copy(src, torch.tensor([4, 5, 6, 9, 10, 2]), dst, torch.tensor([0, 1, 2, 3, 7, 8]))
+    assert torch.equal(dst[:, [0, 1, 2, 3, 7, 8]], src[:, [4, 5, 6, 9, 10, 2]])

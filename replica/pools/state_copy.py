@@ -4,8 +4,10 @@ pool's K or V paged as ``[layers, pages, page_size, ...]``), whatever devices th
 ``copy_state`` does it for every kind of a tier's ``StateTensors`` at the sessions' ``Places``.
 
 The bytes cross memory once, as in a plain copy, never through a batch-sized temporary:
-- a slot whose state (per layer) is large (``direct_bytes``, e.g. a real model's SSM state) is one
-  contiguous run on both sides, copied directly (on CUDA: one DMA straight into pinned memory);
+- a slot whose state (per layer) is large (``direct_bytes``, e.g. a real model's SSM state or a
+  KV page of a real model) is one contiguous run on both sides, copied directly (on CUDA: one DMA
+  straight into pinned memory); consecutive slots that stay consecutive (pages allocated
+  together) merge into one run;
 - small per-slot states (KV pages of a few tokens, a small model's state) are gathered, every
   layer of a chunk of slots at once, into one reusable staging buffer (``index_select(out=...)``)
   and scattered from there (``index_copy_``); on the CPU the chunk stays in cache between the
@@ -29,6 +31,16 @@ CPU_DIRECT_BYTES = 64 * 1024  # a run this large costs far more to move than to 
 CUDA_DIRECT_BYTES = 2 * 1024 * 1024  # each synchronous DMA this large runs near PCIe speed
 CPU_STAGING_BYTES = 512 * 1024  # stays in the CPU's cache between the gather and the scatter
 CUDA_STAGING_BYTES = 32 * 1024 * 1024  # large enough that each PCIe transfer runs at full speed
+
+
+def contiguous_runs(src: torch.Tensor, dst: torch.Tensor) -> list[tuple[int, int, int]]:
+    """``(src start, dst start, length)`` of the runs in which both slot lists count up by one
+    (slots allocated together usually do), so each run is one contiguous copy."""
+    breaks = ((src[1:] - src[:-1] != 1) | (dst[1:] - dst[:-1] != 1)).nonzero().flatten() + 1
+    starts = [0, *breaks.tolist(), src.numel()]
+    firsts_src, firsts_dst = src[starts[:-1]].tolist(), dst[starts[:-1]].tolist()
+    lengths = [b - a for a, b in zip(starts, starts[1:])]
+    return list(zip(firsts_src, firsts_dst, lengths))
 
 
 class StateTensors(NamedTuple):
@@ -100,10 +112,10 @@ class StateCopier:
             return 0
         slot_bytes = math.prod(src.shape[2:]) * src.element_size()
         if slot_bytes >= self.direct_bytes:
-            pairs = list(zip(src_slots.tolist(), dst_slots.tolist()))
+            runs = contiguous_runs(src_slots.cpu(), dst_slots.cpu())
             for layer in range(src.shape[0]):
-                for s, d in pairs:
-                    dst[layer, d].copy_(src[layer, s])
+                for s, d, n in runs:
+                    dst[layer, d : d + n].copy_(src[layer, s : s + n])
         else:
             self._copy_staged(src, src_slots, dst, dst_slots)
         return src.shape[0] * len(src_slots) * slot_bytes
