@@ -57,8 +57,10 @@ class HybridReqToTokenPool(ReqToTokenPool):
             )
         rows = self.alloc_rows(n).tolist()
         mamba = self.mamba_pool.alloc(n * self.slots_per_seq, zeroed)
-        mamba = mamba.view(n, self.slots_per_seq).tolist()
-        return [SeqSlots(row, m[0], tuple(m[1:])) for row, m in zip(rows, mamba)]
+        # live states first, then the track buffers: a batch's live states are consecutive
+        # slots (when the free list hands out a run), so moving them is one contiguous copy
+        states, tracks = mamba[:n].tolist(), mamba[n:].view(n, self.slots_per_seq - 1).tolist()
+        return [SeqSlots(row, m, tuple(t)) for row, m, t in zip(rows, states, tracks)]
 
     def free_seq(self, seq: SeqSlots, kv_len: int) -> None:
         """Free a sequence's KV pages (positions ``0..kv_len-1``), its row and its mamba slots."""
