@@ -15,16 +15,13 @@ from tests.support.engine import (
     run_turn,
     token_ids,
 )
-from tests.support.hf_peer import hf_greedy, tiny_hf_bamba
+from tests.support.hf_peer import hf_greedy, saved_peer
 
 
 @pytest.fixture(scope="module")
 def peer(tmp_path_factory):
-    """A tiny random HF Bamba saved with ``save_pretrained``; returns (hf model, path)."""
-    hf = tiny_hf_bamba(seed=7)
-    path = tmp_path_factory.mktemp("bamba-peer")
-    hf.save_pretrained(str(path))
-    return hf, str(path)
+    """A tiny random HF Bamba and the checkpoint it saved: (hf model, path)."""
+    return saved_peer(tmp_path_factory.mktemp("bamba-peer"), seed=7)
 
 
 @pytest.fixture(params=[1, 16], ids=["page1", "page16"])

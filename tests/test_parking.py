@@ -1,4 +1,5 @@
-"""Parking at the session layer, scenario by scenario (real pools and copies, a fake clock).
+"""Parking at the session layer, scenario by scenario (real pools and copies, a fake clock), and
+the settings that turn it on.
 
 Each scenario checks the accounting invariant (GPU and host pools, 0 leaked) after every step
 and that every idle session's state, read from wherever it lives, is bit for bit what it was.
@@ -11,8 +12,11 @@ import torch
 
 from replica.accounting import LeakError
 from replica.api import PoolExhaustedError, ReleaseReason
+from replica.config import PoolConfig
 from replica.sessions.request import Req
 from replica.sessions.session import StateLocation
+from tests.support.engine import close_and_check, greedy, make_engine
+from tests.support.engine import run_turn as run_engine_turn
 from tests.support.pools import (
     assert_all_free,
     assert_consistent,
@@ -209,3 +213,30 @@ def test_a_host_slot_nobody_owns_shows_up_as_leaked():
     sessions.residency.parker.host.alloc([2])
     with pytest.raises(LeakError, match="host_mamba: .* leaked=1; host_kv_tokens: .* leaked=32"):
         assert_consistent(pool, sessions)
+
+
+def test_parking_settings_and_park_after_idle():
+    """The flags: --max-parked-sessions sizes the host tier (host KV by default a GPU session's
+    share per parked session); --park-after-idle-s needs it; the engine parks sessions idle
+    that long when asked between steps (the engine thread asks about every second)."""
+    from router.config import ServeConfig
+
+    config = ServeConfig.from_flags(
+        max_sessions=4, kv_tokens=1024, page_size=16, max_parked_sessions=10
+    ).replica
+    assert config.pools.host_kv_pages * 16 == 10 * 256 and config.park_after_idle_s == 0
+    with pytest.raises(ValueError, match="--park-after-idle-s needs --max-parked-sessions"):
+        ServeConfig.from_flags(park_after_idle_s=5.0)
+    with pytest.raises(ValueError, match="max_parked_sessions must be >= 0"):
+        ServeConfig.from_flags(max_parked_sessions=-1)
+
+    pools = PoolConfig(max_sessions=4, kv_tokens=512, max_context=128, max_parked_sessions=4)
+    for after, parked in ((3600.0, 0), (1e-9, 2)):
+        engine = make_engine(pools, park_after_idle_s=after)
+        for sid in "ab":
+            engine.open_session(sid)
+            run_engine_turn(engine, sid, [1, 2, 3], greedy(2))
+        assert engine.park_idle() == parked
+        assert len(engine.sessions.parked) == parked
+        assert [engine.session_info(s).parked for s in "ab"] == [bool(parked)] * 2
+        close_and_check(engine)

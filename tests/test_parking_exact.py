@@ -17,15 +17,13 @@ from tests.support.engine import (
     session_state,
     token_ids,
 )
-from tests.support.hf_peer import hf_greedy, tiny_hf_bamba
+from tests.support.hf_peer import hf_greedy, saved_peer
 
 
 @pytest.fixture(scope="module")
 def peer(tmp_path_factory):
-    hf = tiny_hf_bamba(seed=11)
-    path = tmp_path_factory.mktemp("bamba-parking-peer")
-    hf.save_pretrained(str(path))
-    return hf, str(path)
+    """A tiny random HF Bamba and the checkpoint it saved: (hf model, path)."""
+    return saved_peer(tmp_path_factory.mktemp("bamba-parking-peer"), seed=11)
 
 
 def engines(path: str, page_size: int):

@@ -32,6 +32,7 @@ def make_view(
     snapshot_draining: bool = False,
     mamba_per_session: int = MAMBA_PER_SESSION,
     kv_per_session: int = KV_PER_SESSION,
+    free_host: int | None = None,  # None: the replica does not park sessions
 ) -> ReplicaView:
     snap = None
     if snapshot:
@@ -40,6 +41,11 @@ def make_view(
             PoolStats("kv_tokens", 2048, free_kv, 0, 2048 - free_kv),
             PoolStats("req", 8, free_req, 0, 8 - free_req),
         )
+        if free_host is not None:
+            pools += (
+                PoolStats("host_mamba", 8, free_host, 0, 8 - free_host),
+                PoolStats("host_kv_tokens", 1024, 1024, 0, 0),
+            )
         snap = PoolSnapshot(
             replica_id,
             "inc-1",
@@ -101,6 +107,26 @@ def test_reserved_sessions_are_subtracted():
     assert room is not None and room.free_kv_tokens == 2 * KV_PER_SESSION
 
 
+def test_a_replica_that_parks_has_room_while_its_host_tier_does():
+    full = dict(free_mamba=0, free_req=0, free_kv=0)
+    assert choose_replica([make_view("a", **full, free_host=2)]) == "a"
+    assert choose_replica([make_view("a", **full, free_host=2)], reserved={"a": 2}) is None
+    assert choose_replica([make_view("a", **full, free_host=0)]) is None
+    # GPU room ranks first, then host room
+    views = [make_view("a", **full, free_host=8), make_view("b", free_mamba=2, free_host=0)]
+    assert choose_replica(views) == "b"
+    views = [make_view("a", **full, free_host=3), make_view("b", **full, free_host=5)]
+    assert choose_replica(views) == "b"
+    room = room_of(make_view("a", **full, free_host=3), {"a": 1})
+    assert room is not None and room.parks and room.free_host == 2 and room.fits
+    message = room_report([make_view("a", **full, free_host=0), make_view("b", **full)]).message()
+    assert (
+        "host tier full: a (0 host slots free)" in message
+        and "b (" not in message.split("host tier full")[1]
+    )
+    assert "--max-parked-sessions" in message
+
+
 def test_power_of_two_choices_beyond_threshold():
     views = [make_view(f"r{i:02d}", free_mamba=2 + (i % 7)) for i in range(40)]
     rooms = {room.replica_id: room for room in candidates(views)}
@@ -144,6 +170,7 @@ view_strategy = st.builds(
     snapshot_draining=st.booleans(),
     mamba_per_session=st.integers(1, 3),
     kv_per_session=st.integers(1, 256),
+    free_host=st.none() | st.integers(0, 8),
 )
 
 
@@ -166,9 +193,13 @@ def test_choice_is_always_a_candidate_with_room(views, reserved, threshold, seed
     view = next(view for view in views if view.replica_id == chosen)
     assert is_healthy(view) and view.snapshot is not None
     held = reserved.get(chosen, 0)
-    assert view.free_mamba - held * view.mamba_slots_per_session >= view.mamba_slots_per_session
-    assert view.free_req - held >= 1
-    assert view.free_kv_tokens - held * view.kv_tokens_per_session >= view.kv_tokens_per_session
+    gpu_room = (
+        view.free_mamba - held * view.mamba_slots_per_session >= view.mamba_slots_per_session
+        and view.free_req - held >= 1
+        and view.free_kv_tokens - held * view.kv_tokens_per_session >= view.kv_tokens_per_session
+    )
+    host_room = view.parks and view.free_host_mamba - held >= 1
+    assert gpu_room or host_room
     ranked = sorted(rooms.values(), key=lambda room: room.rank_key())
     if len(rooms) <= threshold:
         assert chosen == ranked[0].replica_id

@@ -53,3 +53,11 @@ def hf_greedy(hf, prompt: list[int], new: int) -> list[int]:
             do_sample=False,
         )
     return out[0, len(prompt) :].tolist()
+
+
+def saved_peer(directory, seed: int):
+    """A tiny random HF Bamba saved with ``save_pretrained`` into ``directory``; returns
+    (hf model, path) — the checkpoint an engine loads to be compared with transformers."""
+    hf = tiny_hf_bamba(seed=seed)
+    hf.save_pretrained(str(directory))
+    return hf, str(directory)
