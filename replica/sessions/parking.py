@@ -93,11 +93,13 @@ class Parker:
             slot.host = place
         self.parks_total += len(slots)
 
-    def restore(self, slots: Sequence[SessionSlot]) -> None:
-        """Host -> fresh GPU slots for parked sessions; then their host slots are freed."""
+    def restore(self, slots: Sequence[SessionSlot], since: float | None = None) -> None:
+        """Host -> fresh GPU slots for parked sessions; then their host slots are freed. The
+        restore time observed runs from ``since`` (``time.perf_counter()``; when the caller
+        began making room for them), or from now."""
         if not slots:
             return
-        started = time.perf_counter()
+        started = time.perf_counter() if since is None else since
         self._take_gpu(slots)
         try:
             host = [s.host for s in slots]
@@ -111,7 +113,12 @@ class Parker:
         self.restores_total += len(slots)
         self.restore_seconds.observe(time.perf_counter() - started, len(slots))
 
-    def swap(self, victims: Sequence[SessionSlot], restorees: Sequence[SessionSlot]) -> None:
+    def swap(
+        self,
+        victims: Sequence[SessionSlot],
+        restorees: Sequence[SessionSlot],
+        since: float | None = None,
+    ) -> None:
         """Park ``victims`` and restore ``restorees`` when the GPU has room for the restorees
         only once the victims have left it, and the host has room for the victims only once
         the restorees have left it. If the restore fails, the victims go back to the GPU."""
@@ -125,7 +132,7 @@ class Parker:
         self._copy(self.gpu_state, self._gpu_places(victims), held, dense)
         self._free_gpu(victims)
         try:
-            self.restore(restorees)
+            self.restore(restorees, since)
         except BaseException:
             self._take_gpu(victims)
             self._copy(held, dense, self.gpu_state, self._gpu_places(victims))

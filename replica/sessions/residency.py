@@ -21,6 +21,7 @@ Without a ``Parker`` (parking off) every session is resident and no room is ever
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
@@ -103,15 +104,16 @@ class Residency:
         if not slot.parked:
             need = self.kv.tokens_needed(slot.committed_len, target)
             return need <= self.kv.free_tokens or self._make_gpu_room(0, need, {slot.session_id})
+        since = time.perf_counter()
         victims = self._victims(1, self.kv.held_tokens(target), keep=())
         if victims is None:
             return False
         if self.parker.host_can_hold(victims):
             self.park(victims)
-            self.unpark([slot])
+            self.unpark([slot], since)
         else:
             try:
-                self.parker.swap(victims, [slot])
+                self.parker.swap(victims, [slot], since)
             except PoolExhaustedError:
                 return False
             self._moved(parked=victims, restored=[slot])
@@ -149,8 +151,8 @@ class Residency:
         self.parker.park(slots)
         self._moved(parked=slots, restored=())
 
-    def unpark(self, slots: list[SessionSlot]) -> None:
-        self.parker.restore(slots)
+    def unpark(self, slots: list[SessionSlot], since: float | None = None) -> None:
+        self.parker.restore(slots, since)
         self._moved(parked=(), restored=slots)
 
     def _moved(self, parked, restored) -> None:

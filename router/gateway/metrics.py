@@ -134,7 +134,8 @@ class ClusterCollector(Collector):
         )
         restore_seconds = HistogramMetricFamily(
             "session_router_restore_seconds",
-            "Seconds to restore a parked session's state to GPU slots (room made included).",
+            "Seconds from a parked session's turn needing GPU room to its state restored "
+            "(parking others to make room included).",
             labels=["replica"],
         )
         for view in views:
