@@ -4,13 +4,16 @@ against re-prefilling, decode with sessions parked, sessions held at a fixed GPU
 
 from __future__ import annotations
 
+import cProfile
+import pstats
 import statistics
 import time
 
 import torch
 
-from bench.decode import decode_run
+from bench.decode import sync
 from bench.harness.inprocess_driver import build_engine
+from bench.harness.stats import percentile
 from replica.api import PoolExhaustedError, SamplingParams
 from replica.config import PoolConfig, ReplicaConfig
 from replica.engine.engine import Engine
@@ -37,11 +40,6 @@ REAL_STATE = ModelConfig(
 )
 BATCH, HISTORY = 8, 2048
 GPU_SESSIONS, PARKED_SESSIONS, HELD_HISTORY = 8, 88, 64
-
-
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 # ----- 1. park and restore throughput ---------------------------------------------------------
@@ -171,50 +169,50 @@ def decode_engine(device: str, most_parked: int, threads: int) -> Engine:
     return build_engine(config, device)
 
 
-def decode_with_parked(engine: Engine, parked: int, new: int, rounds: int, device: str) -> float:
-    """Decode tokens/s of 8 active sessions while ``parked`` idle sessions (each with a short
-    history) sit in host memory: the median of ``rounds`` runs."""
+def decode_steps(engine: Engine, sessions: int, new: int, device: str) -> tuple[float, float]:
+    """``sessions`` sessions decode ``new`` tokens together: (tokens per second of the decode-only
+    step at the 10th percentile of step times, Python function calls per decode-only step). A
+    low percentile, not the total, so that other processes' bursts on a shared machine do not
+    pass for the cost of a step; the calls count the engine's own work, whatever else the
+    machine does."""
+    sids = [f"active-{i}" for i in range(sessions)]
+    for i, sid in enumerate(sids):
+        engine.open_session(sid)
+        engine.submit(sid, [(7 * i + j) % 250 + 1 for j in range(16)], SamplingParams(new))
+    steps, calls, profile = [], 0, cProfile.Profile()
+    while engine.has_work:
+        decode_only = not engine.scheduler.waiting and not engine.scheduler.plan().prefill
+        start = time.perf_counter()
+        if decode_only and len(steps) == 1 and not calls:  # one step profiled: its calls
+            profile.runcall(engine.step)
+            calls = pstats.Stats(profile).total_calls
+            continue
+        events = engine.step()
+        sync(device)
+        if decode_only:
+            steps.append((time.perf_counter() - start, sum(len(e.token_ids) for e in events)))
+    for sid in sids:
+        engine.close_session(sid)
+    full = [seconds for seconds, tokens in steps if tokens == sessions]
+    return sessions / percentile(full, 10), float(calls)
+
+
+def decode_with_parked(
+    engine: Engine, parked: int, new: int, rounds: int, device: str
+) -> tuple[float, float]:
+    """Decode of 8 active sessions while ``parked`` idle sessions (each with a short history)
+    sit in host memory: (median over ``rounds`` runs of the tokens/s of a fast step, Python calls
+    per decode step)."""
     idle = [f"p{parked}-{i}" for i in range(parked)]
     for sid in idle:
         engine.open_session(sid)
         engine.submit(sid, [3, 1, 4, 1], SamplingParams(max_new_tokens=0))
         while engine.has_work:
             engine.step()
-    rates = []
+    runs = []
     for _ in range(rounds):
-        rates.append(decode_run(engine, 8, 16, new, device)["tok_s"])
+        runs.append(decode_steps(engine, 8, new, device))
         assert len(engine.sessions.parked) == parked, (len(engine.sessions.parked), parked)
     for sid in idle:
         engine.close_session(sid)
-    return statistics.median(rates)
-
-
-# ----- 4. sessions held at a fixed GPU budget --------------------------------------------------
-
-
-def sessions_held(parked: int) -> tuple[int, int, int]:
-    """(sessions held, GPU state bytes, host state bytes) of one replica with 8 GPU sessions
-    and ``parked`` in host memory, each session with a HELD_HISTORY-token history."""
-    pools = PoolConfig(
-        max_sessions=GPU_SESSIONS,
-        kv_tokens=GPU_SESSIONS * 2048,
-        max_context=2048,
-        max_parked_sessions=parked,
-        host_kv_tokens=parked * HELD_HISTORY,
-    )
-    sessions = session_layer(pools)
-    held = 0
-    while True:
-        try:
-            with_history(sessions, f"s{held}", HELD_HISTORY, seed=-1)
-        except PoolExhaustedError:
-            break
-        held += 1
-    pool = sessions.pool
-    gpu = sum(t.nbytes for t in (pool.mamba_pool.conv_all, pool.mamba_pool.ssm_all))
-    gpu += pool.kv_pool.k_all.nbytes + pool.kv_pool.v_all.nbytes
-    host = 0
-    if sessions.residency.parker:
-        h = sessions.residency.parker.host
-        host = sum(t.nbytes for t in (h.mamba.conv_all, h.mamba.ssm_all, h.kv.k_all, h.kv.v_all))
-    return held, gpu, host
+    return statistics.median(r[0] for r in runs), runs[0][1]

@@ -14,7 +14,10 @@ session, float32. Measured:
    an engine of this model;
 3. decode tokens/s of 8 active sessions with 0 / 100 / 1,000 sessions parked (tiny-bamba: the
    engine's bookkeeping is what could grow with parked sessions, and a small model's short steps
-   show it most), the counts taking turns; each figure the median of 3 runs of 8 x 128 tokens;
+   show it most), the counts taking turns: tokens/s of a decode step at the 10th percentile of
+   step times (robust to other work on a shared machine), median over 3 runs of 8 x 128 tokens,
+   and the Python function calls of one decode step (the engine's own work, whatever else the
+   machine does);
 4. sessions one replica holds at a fixed GPU budget (8 GPU sessions of this model, 1 track
    buffer), each with a 64-token history, without and with parking (88 parked).
 Figures: median (min–max) over repetitions.
@@ -76,9 +79,11 @@ def main() -> None:
     engine = decode_engine(device, max(parked_counts), args.threads)
     decode_with_parked(engine, 0, 8, 1, device)  # warm up
     rates: dict[int, list[float]] = {n: [] for n in parked_counts}
+    calls: dict[int, float] = {}
     for _ in range(repeats):
         for n in parked_counts:
-            rates[n].append(decode_with_parked(engine, n, args.new, 3, device))
+            rate, calls[n] = decode_with_parked(engine, n, args.new, 3, device)
+            rates[n].append(rate)
     engine.check_invariant()
 
     plain, parking = sessions_held(0), sessions_held(PARKED_SESSIONS)
@@ -124,9 +129,14 @@ def main() -> None:
     table.print()
 
     print(f"\n3. decode of 8 active sessions ({args.new} new tokens each), tiny-bamba")
-    table = Table("sessions parked", "decode tok/s", "vs none parked")
+    table = Table("sessions parked", "decode tok/s", "vs none parked", "Python calls per step")
     for n in parked_counts:
-        table.add(n, Spread.of(rates[n]).format(",.0f"), ratios(rates[n], rates[0]).format())
+        table.add(
+            n,
+            Spread.of(rates[n]).format(",.0f"),
+            ratios(rates[n], rates[0]).format(),
+            f"{calls[n]:,.0f}",
+        )
     table.print()
 
     print(f"\n4. sessions one replica holds, {GPU_SESSIONS} GPU sessions of this model")
