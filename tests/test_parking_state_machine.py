@@ -295,7 +295,7 @@ def make_machine(page: int, track: int):
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("track", [0, 1])
+@pytest.mark.parametrize("track", [0, 1, 2])
 def test_parking_state_machine(page_size, track):
     machine = make_machine(page_size, track)
     machine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
