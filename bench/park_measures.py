@@ -216,3 +216,34 @@ def decode_with_parked(
     for sid in idle:
         engine.close_session(sid)
     return statistics.median(r[0] for r in runs), runs[0][1]
+
+
+# ----- 4. sessions held at a fixed GPU budget --------------------------------------------------
+
+
+def sessions_held(parked: int) -> tuple[int, int, int]:
+    """(sessions held, GPU state bytes, host state bytes) of one replica with 8 GPU sessions
+    and ``parked`` in host memory, each session with a HELD_HISTORY-token history."""
+    pools = PoolConfig(
+        max_sessions=GPU_SESSIONS,
+        kv_tokens=GPU_SESSIONS * 2048,
+        max_context=2048,
+        max_parked_sessions=parked,
+        host_kv_tokens=parked * HELD_HISTORY,
+    )
+    sessions = session_layer(pools)
+    held = 0
+    while True:
+        try:
+            with_history(sessions, f"s{held}", HELD_HISTORY, seed=-1)
+        except PoolExhaustedError:
+            break
+        held += 1
+    pool = sessions.pool
+    gpu = sum(t.nbytes for t in (pool.mamba_pool.conv_all, pool.mamba_pool.ssm_all))
+    gpu += pool.kv_pool.k_all.nbytes + pool.kv_pool.v_all.nbytes
+    host = 0
+    if sessions.residency.parker:
+        h = sessions.residency.parker.host
+        host = sum(t.nbytes for t in (h.mamba.conv_all, h.mamba.ssm_all, h.kv.k_all, h.kv.v_all))
+    return held, gpu, host
