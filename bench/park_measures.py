@@ -17,7 +17,7 @@ from bench.harness.stats import percentile
 from replica.api import PoolExhaustedError, SamplingParams
 from replica.config import PoolConfig, ReplicaConfig
 from replica.engine.engine import Engine
-from replica.model import BambaModel, ByteTokenizer, init_weights
+from replica.model import ByteTokenizer, HybridModel, init_weights
 from replica.model.config import ModelConfig
 from replica.pools.hybrid_pool import HybridReqToTokenPool
 from replica.sessions.parking import Parker
@@ -108,7 +108,7 @@ def copy_throughput(device: str, rounds: int) -> dict[str, float]:
 
 
 def real_state_engine(device: str, longest: int, threads: int) -> Engine:
-    model = BambaModel(REAL_STATE)
+    model = HybridModel(REAL_STATE)
     init_weights(model, seed=0)
     model.eval().to(device)
     pools = PoolConfig(

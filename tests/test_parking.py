@@ -18,6 +18,7 @@ from replica.sessions.session import StateLocation
 from tests.support.engine import close_and_check, greedy, make_engine
 from tests.support.engine import run_turn as run_engine_turn
 from tests.support.pools import (
+    STATE_MODELS,
     assert_all_free,
     assert_consistent,
     grow,
@@ -117,11 +118,15 @@ def test_a_new_session_starts_parked_when_every_gpu_slot_runs_a_turn():
     assert_all_free(pool, sessions)
 
 
+@pytest.mark.parametrize("state", sorted(STATE_MODELS))
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_a_turn_swaps_through_a_full_host_tier(page_size):
+def test_a_turn_swaps_through_a_full_host_tier(page_size, state):
     """GPU and host both full, every resident session idle: a parked session's turn still runs
-    (the LRU resident one goes to the host slots the restored one leaves)."""
-    pool, sessions, clock = parking(max_sessions=2, max_parked=2, page_size=page_size)
+    (the LRU resident one goes to the host slots the restored one leaves). Both shapes of
+    recurrent state (Mamba2, gated DeltaNet) move bit for bit."""
+    pool, sessions, clock = parking(
+        max_sessions=2, max_parked=2, page_size=page_size, model=STATE_MODELS[state]
+    )
     for i, sid in enumerate("abcd"):
         sessions.open(sid)
         run_turn(pool, sessions, sid, 17 + i, seed=i)
