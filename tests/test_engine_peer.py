@@ -5,6 +5,7 @@ tokens as ``generate`` over the whole conversation, also across session turns.""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from replica.api import FinishReason
 from replica.config import PoolConfig
@@ -15,13 +16,29 @@ from tests.support.engine import (
     run_turn,
     token_ids,
 )
-from tests.support.hf_peer import hf_greedy, saved_peer
+from tests.support.hf_peer import tiny_hf_bamba
 
 
 @pytest.fixture(scope="module")
 def peer(tmp_path_factory):
-    """A tiny random HF Bamba and the checkpoint it saved: (hf model, path)."""
-    return saved_peer(tmp_path_factory.mktemp("bamba-peer"), seed=7)
+    """A tiny random HF Bamba saved with ``save_pretrained``; returns (hf model, path)."""
+    hf = tiny_hf_bamba(seed=7)
+    path = tmp_path_factory.mktemp("bamba-peer")
+    hf.save_pretrained(str(path))
+    return hf, str(path)
+
+
+def hf_greedy(hf, prompt: list[int], new: int) -> list[int]:
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 @pytest.fixture(params=[1, 16], ids=["page1", "page16"])

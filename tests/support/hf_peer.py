@@ -39,25 +39,3 @@ def tiny_hf_bamba(n_groups: int = 1, tied: bool = False, seed: int = 0):
             if p.dim() == 1:
                 p.add_(0.1 * torch.randn_like(p))
     return model
-
-
-def hf_greedy(hf, prompt: list[int], new: int) -> list[int]:
-    """transformers' greedy continuation of ``prompt``: exactly ``new`` tokens."""
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        out = hf.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=new,
-            min_new_tokens=new,
-            do_sample=False,
-        )
-    return out[0, len(prompt) :].tolist()
-
-
-def saved_peer(directory, seed: int):
-    """A tiny random HF Bamba saved with ``save_pretrained`` into ``directory``; returns
-    (hf model, path) — the checkpoint an engine loads to be compared with transformers."""
-    hf = tiny_hf_bamba(seed=seed)
-    hf.save_pretrained(str(directory))
-    return hf, str(directory)
