@@ -258,6 +258,16 @@ class HistogramCounts:
 
 
 @dataclass(frozen=True, slots=True)
+class ParkingStats:
+    """A replica's parking so far; all 0 on a replica that does not park sessions."""
+
+    sessions_parked: int = 0  # open sessions whose state is in host memory now
+    parks_total: int = 0
+    restores_total: int = 0
+    restore_seconds: HistogramCounts = field(default_factory=HistogramCounts)
+
+
+@dataclass(frozen=True, slots=True)
 class PoolSnapshot:
     """A consistent view of one replica's pools, taken between engine steps. Cheap to pickle."""
 
@@ -272,10 +282,7 @@ class PoolSnapshot:
     draining: bool = False
     sessions_opened_total: int = 0
     sessions_released_total: dict[str, int] = field(default_factory=dict)
-    sessions_parked: int = 0  # open sessions whose state is in host memory
-    parks_total: int = 0
-    restores_total: int = 0
-    restore_seconds: HistogramCounts = field(default_factory=HistogramCounts)
+    parking: ParkingStats = field(default_factory=ParkingStats)
 
     def pool(self, name: str) -> PoolStats:
         for stats in self.pools:

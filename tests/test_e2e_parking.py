@@ -58,8 +58,9 @@ def test_a_replica_serves_six_times_more_sessions_than_gpu_slots(server):
         assert pools["req"].session_held == 4
         assert all(p.leaked == 0 for p in replica.pools)
 
-        snap = server.snapshots()["replica-0"]
-        assert snap.restores_total >= 2 * (SESSIONS - 4) and snap.parks_total >= snap.restores_total
+        parking = server.snapshots()["replica-0"].parking
+        assert parking.restores_total >= 2 * (SESSIONS - 4)
+        assert parking.parks_total >= parking.restores_total
 
         def exported(name: str) -> float:
             url = server.server.metrics_url
@@ -67,11 +68,11 @@ def test_a_replica_serves_six_times_more_sessions_than_gpu_slots(server):
             return sum(select(samples, name, replica="replica-0"))
 
         wait_for(
-            lambda: exported("session_router_session_restores_total") == snap.restores_total,
+            lambda: exported("session_router_session_restores_total") == parking.restores_total,
             timeout=10,
             what="/metrics to count the restores",
         )
-        assert exported("session_router_restore_seconds_count") == snap.restores_total
+        assert exported("session_router_restore_seconds_count") == parking.restores_total
         assert exported("session_router_sessions_parked") == SESSIONS - 4
 
         for session in sessions:

@@ -74,6 +74,6 @@ def test_parked_and_restored_state_is_bit_identical_and_continues_like_never_par
     o3 = {e: run_turn(e, "s", c, greedy(5))[0] for e in (parking, plain)}
     assert o3[parking] == o3[plain] == hf_generate(hf, a + o1 + b + o2[plain] + c, 5)
     snap = parking.snapshot()
-    assert snap.parks_total >= 3 and snap.restores_total >= 2
+    assert snap.parking.parks_total >= 3 and snap.parking.restores_total >= 2
     for engine in (parking, plain):
         close_and_check(engine)

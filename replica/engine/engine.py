@@ -22,7 +22,6 @@ from collections.abc import Sequence
 from replica.accounting import InvariantChecker, count_pools
 from replica.api import (
     FinishReason,
-    HistogramCounts,
     PoolSnapshot,
     ReleaseReason,
     ReplicaDrainingError,
@@ -236,7 +235,6 @@ class Engine:
     # ----- accounting -----------------------------------------------------------------------
 
     def snapshot(self) -> PoolSnapshot:
-        parker = self.sessions.residency.parker
         return PoolSnapshot(
             replica_id=self.replica_id,
             incarnation=self.incarnation,
@@ -249,10 +247,7 @@ class Engine:
             draining=self.draining,
             sessions_opened_total=self.sessions.opened_total,
             sessions_released_total=dict(self.sessions.released_total),
-            sessions_parked=len(self.sessions.parked),
-            parks_total=parker.parks_total if parker else 0,
-            restores_total=parker.restores_total if parker else 0,
-            restore_seconds=parker.restore_seconds.counts() if parker else HistogramCounts(),
+            parking=self.sessions.residency.stats(),
         )
 
     def check_invariant(self) -> PoolSnapshot:

@@ -26,7 +26,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
-from replica.api import PoolExhaustedError
+from replica.api import ParkingStats, PoolExhaustedError
 from replica.pools.host_pool import HostSlots
 from replica.pools.hybrid_pool import HybridReqToTokenPool, SeqSlots
 from replica.sessions.parking import Parker
@@ -181,6 +181,16 @@ class Residency:
         return len(batch)
 
     # ----- accounting -----------------------------------------------------------------------
+
+    def stats(self) -> ParkingStats:
+        if self.parker is None:
+            return ParkingStats()
+        return ParkingStats(
+            len(self.parked),
+            self.parker.parks_total,
+            self.parker.restores_total,
+            self.parker.restore_seconds.counts(),
+        )
 
     def host_held_tokens(self) -> int:
         """Host KV token slots (whole pages) parked sessions hold."""

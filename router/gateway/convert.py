@@ -90,7 +90,7 @@ def replica_to_proto(view: ReplicaView) -> pb.ReplicaInfo:
     snap = view.snapshot
     if snap is not None:
         info.sessions = snap.open_sessions
-        info.sessions_parked = snap.sessions_parked
+        info.sessions_parked = snap.parking.sessions_parked
         info.running_requests = snap.running_requests
         info.waiting_requests = snap.waiting_requests
         for stats in snap.pools:

@@ -158,10 +158,10 @@ class ClusterCollector(Collector):
             if snap is None:
                 continue
             sessions.add_metric([rid], snap.open_sessions)
-            parked.add_metric([rid], snap.sessions_parked)
-            parks.add_metric([rid], snap.parks_total)
-            restores.add_metric([rid], snap.restores_total)
-            restore_seconds.add_metric([rid], *histogram_buckets(snap.restore_seconds))
+            parked.add_metric([rid], snap.parking.sessions_parked)
+            parks.add_metric([rid], snap.parking.parks_total)
+            restores.add_metric([rid], snap.parking.restores_total)
+            restore_seconds.add_metric([rid], *histogram_buckets(snap.parking.restore_seconds))
             for name in POOL_NAMES:
                 try:
                     stats = snap.pool(name)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from replica.api import HistogramCounts, PoolSnapshot, PoolStats
+from replica.api import HistogramCounts, ParkingStats, PoolSnapshot, PoolStats
 from router.control.views import ReplicaHealth, ReplicaView
 
 
@@ -27,10 +27,7 @@ def cluster_views() -> list[ReplicaView]:
         taken_at=100.0,
         sessions_opened_total=15,
         sessions_released_total={"closed": 4, "stream_ended": 2, "idle_timeout": 1},
-        sessions_parked=3,
-        parks_total=7,
-        restores_total=4,
-        restore_seconds=HistogramCounts((0.001, 0.01, 0.1), (1, 3, 4), 4, 0.0125),
+        parking=ParkingStats(3, 7, 4, HistogramCounts((0.001, 0.01, 0.1), (1, 3, 4), 4, 0.0125)),
     )
     draining = PoolSnapshot(
         "replica-b",
