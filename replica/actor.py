@@ -21,6 +21,7 @@ import dataclasses
 import logging
 from typing import Any
 
+from replica.actor_moves import SessionMovesAPI
 from replica.api import (
     ActorError,
     Closed,
@@ -31,6 +32,7 @@ from replica.api import (
     ReplicaError,
     SamplingParams,
     SessionInfo,
+    SessionMovingError,
     StatusCode,
 )
 from replica.config import ReplicaConfig
@@ -40,7 +42,7 @@ from replica.reporting import RouterReporter
 log = logging.getLogger(__name__)
 
 
-class ReplicaActor:
+class ReplicaActor(SessionMovesAPI):
     def __init__(
         self,
         replica_id: str,
@@ -164,11 +166,18 @@ class ReplicaActor:
     async def close_sessions(
         self, session_ids: list[str], reason: ReleaseReason = ReleaseReason.CLOSED
     ) -> Closed | ActorError:
-        """Release sessions (idempotent); the reply carries the snapshot taken right after."""
+        """Release sessions (idempotent); the reply carries the snapshot taken right after.
+        A session moving to another replica is not released here (``Closed.moving``)."""
 
         def close_all() -> Closed:
-            was_open = tuple(self.engine.close_session(sid, reason) for sid in session_ids)
-            return Closed(was_open, self.engine.snapshot())
+            was_open, moving = [], []
+            for sid in session_ids:
+                try:
+                    was_open.append(self.engine.close_session(sid, reason))
+                except SessionMovingError:
+                    was_open.append(False)
+                    moving.append(sid)
+            return Closed(tuple(was_open), self.engine.snapshot(), tuple(moving))
 
         return await self._call(close_all)
 
@@ -188,10 +197,16 @@ class ReplicaActor:
             lambda: self.engine.submit(session_id, ids, sampling, gateway_id).rid
         )
 
-    async def hold_sessions(self, session_ids: list[str], lease_s: float) -> None | ActorError:
+    async def hold_sessions(self, session_ids: list[str], lease_s: float) -> list[str] | ActorError:
         """Suspend the idle timeout of these sessions for ``lease_s`` seconds: their Converse
-        streams are open (the gateway renews this well within ``lease_s``)."""
-        return await self._call(self.engine.leases.hold, session_ids, lease_s)
+        streams are open (the gateway renews this well within ``lease_s``). Returns those not
+        open here (they moved to another replica, or ended)."""
+
+        def hold() -> list[str]:
+            self.engine.leases.hold(session_ids, lease_s)
+            return [sid for sid in session_ids if sid not in self.engine.sessions.sessions]
+
+        return await self._call(hold)
 
     async def interrupt(self, session_id: str) -> bool | ActorError:
         return await self._call(self.engine.interrupt, session_id)

@@ -17,7 +17,9 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+
+import torch
 
 from replica.accounting import InvariantChecker, count_pools
 from replica.api import (
@@ -27,21 +29,26 @@ from replica.api import (
     ReplicaDrainingError,
     SamplingParams,
     SessionInfo,
+    SessionMovingError,
     StatusCode,
     TurnEvent,
     TurnRunningError,
 )
 from replica.config import ReplicaConfig
 from replica.engine.model_runner import ModelRunner
+from replica.engine.moves import SessionMoves
 from replica.engine.scheduler import Scheduler
 from replica.engine.turn_check import check_turn
 from replica.engine.turn_outputs import TurnOutputs
 from replica.model import HybridModel, Tokenizer
+from replica.model.fingerprint import model_fingerprint
 from replica.pools.hybrid_pool import HybridReqToTokenPool
+from replica.pools.state_copy import StateCopier
 from replica.sessions.parking import Parker
 from replica.sessions.request import Req
 from replica.sessions.session import SessionSlot, StreamingSession
 from replica.sessions.stream_leases import StreamLeases
+from replica.sessions.transfer import StateTransfer
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +80,12 @@ class Engine:
         self.checker = InvariantChecker(config.strict)
         self.leases = StreamLeases(self.sessions.clock)
         self.turns = TurnOutputs(tokenizer, self.scheduler, self.sessions)
+        self.fingerprint = model_fingerprint(model.cfg, model)
+        cuda = torch.device(config.pools.device).type == "cuda"
+        self.transfer = StateTransfer(
+            self.sessions, StateCopier(cuda), self.fingerprint, config.pools
+        )
+        self.moves = SessionMoves(self)
         self.draining = False
         self._snapshot_seq = itertools.count(1)
 
@@ -93,8 +106,14 @@ class Engine:
         timeout = min(idle_timeout_s, cap) if idle_timeout_s > 0 else cap
         return self.info(self.sessions.open(session_id, timeout, tenant, gateway_id))
 
-    def close_session(self, session_id: str, reason: ReleaseReason = ReleaseReason.CLOSED) -> bool:
-        """Release the session; a turn in flight is cancelled first. Idempotent."""
+    def close_session(
+        self, session_id: str, reason: ReleaseReason = ReleaseReason.CLOSED, force: bool = False
+    ) -> bool:
+        """Release the session; a turn in flight is cancelled first. Idempotent. A session
+        moving to another replica is refused (``SessionMovingError``) unless ``force``."""
+        slot = self.sessions.sessions.get(session_id)
+        if slot is not None and slot.moving and not force:
+            raise SessionMovingError(f"session {session_id} is moving to another replica")
         self.cancel(session_id, "session closed")
         return self.sessions.release_session(session_id, reason)
 
@@ -123,6 +142,7 @@ class Engine:
         """Release the sessions idle past their timeout, except those with a turn waiting and
         those a stream holds open (``leases``); returns their ids."""
         self.leases.prune(self.sessions.sessions)
+        self.moves.expire()
         busy = {req.session_id for req in self.scheduler.waiting}
         expired = [
             sid
@@ -152,6 +172,10 @@ class Engine:
         Validates everything up front; raises a typed ``ReplicaError``."""
         sampling = sampling or SamplingParams()
         slot = self.sessions.get(session_id)
+        if slot.moving:
+            raise SessionMovingError(
+                f"session {session_id} is moving to another replica; ask the router where"
+            )
         if self.scheduler.find(session_id)[0] is not None:
             raise TurnRunningError(
                 f"session {session_id} already has a turn running; wait for "
@@ -259,4 +283,8 @@ class Engine:
 
     def close_all(self, reason: ReleaseReason = ReleaseReason.CLOSED) -> None:
         for session_id in list(self.sessions.sessions):
-            self.close_session(session_id, reason)
+            self.close_session(session_id, reason, force=True)
+
+    def checkpoint_changed(self, slots: Iterable[SessionSlot]) -> None:
+        """Sessions whose state changed: checkpointed after this step (when checkpoints are
+        on)."""

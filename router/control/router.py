@@ -6,7 +6,9 @@ It owns the session table (session_id -> replica, tenant, last_active) and the r
 room, and leaves no session behind for a caller that has gone (``router.control.opens``). It
 detects dead replicas (failed calls, a replica's report that its engine died, stale snapshots and
 failed pings: ``router.control.health``). A session's state lives only on its replica: the
-router never routes a session elsewhere; a session whose replica died is answered ABORTED.
+router routes a session elsewhere only when its state moves too (``router.control.migration``:
+drain with migration, MigrateSession); a route asked for while its session moves waits for the
+move. A session whose replica died is answered ABORTED.
 After its own restart the router rebuilds its table from the replicas, which re-register with
 the sessions they hold when their next snapshot report is not recognised.
 """
@@ -24,6 +26,7 @@ from cachetools import LRUCache
 
 from replica.api import (
     ActorError,
+    MigrationReason,
     PoolSnapshot,
     ReleaseReason,
     ReplicaDescription,
@@ -32,7 +35,10 @@ from replica.api import (
     replica_lost_message,
 )
 from router.config import RouterConfig
+from router.control.drain import Drained, Drainer
+from router.control.failover import FailoverOutcome
 from router.control.health import HealthWatch
+from router.control.migration import Migrator
 from router.control.opens import Opener
 from router.control.table import ReplicaEntry, Route, SessionState, SessionTable
 from router.control.views import ReplicaHealth, ReplicaView
@@ -56,6 +62,14 @@ class SessionRouter:
             config.stale_after_s,
             config.health_interval_s,
             config.dead_replica_retention_s,
+        )
+        self.migrator = Migrator(self.replicas, self.sessions, self._view, self.replica_failed)
+        self.drainer = Drainer(
+            self.replicas,
+            self.migrator,
+            self._view,
+            self.opener.wait_for_room,
+            config.drain_timeout_s,
         )
         self._fenced: LRUCache[str, bool] = LRUCache(10_000)  # incarnations declared dead
         self._health_task: asyncio.Task | None = None
@@ -110,38 +124,68 @@ class SessionRouter:
         if entry.health == ReplicaHealth.DEAD:
             return False
         for sid in released:
-            self.sessions.forget(sid)
+            self.sessions.forget(sid, snapshot.replica_id)
         await self.opener.notify_room()
         return True
 
-    async def replica_failed(self, replica_id: str, why: str) -> None:
+    async def replica_failed(self, replica_id: str, why: str) -> FailoverOutcome:
         """Mark a replica dead: its sessions are answered ABORTED from now on."""
         entry = self.replicas.get(replica_id)
         if entry is None or entry.health == ReplicaHealth.DEAD:
-            return
+            return FailoverOutcome()
         entry.health, entry.died_at = ReplicaHealth.DEAD, time.monotonic()
         self._fenced[entry.desc.incarnation] = True
-        lost = self.sessions.abort_replica(replica_id)
+        lost = self.sessions.abort(self.sessions.sessions_of(replica_id))
         entry.lost += lost
         log.error("replica %s is dead (%s); %d sessions lost", replica_id, why, lost)
+        return FailoverOutcome()
 
-    async def drain(self, replica_id: str, draining: bool = True) -> ReplicaView | ActorError:
-        """Drain a replica (it keeps its sessions, takes no new ones), or resume it."""
-        entry = self.replicas.get(replica_id)
-        if entry is None:
-            return ActorError(
-                StatusCode.NOT_FOUND, f"no replica {clip_id(replica_id)!r}; see ListReplicas"
-            )
-        if entry.health == ReplicaHealth.DEAD and not draining:
-            return ActorError(
-                StatusCode.FAILED_PRECONDITION,
-                f"replica {replica_id} is dead and cannot be resumed; a replacement takes its "
-                "place (see ListReplicas)",
-            )
-        if entry.health != ReplicaHealth.DEAD:
-            await entry.handle.drain.remote(draining)
-            entry.health = ReplicaHealth.DRAINING if draining else ReplicaHealth.HEALTHY
-        return self._view(replica_id)
+    async def drain(
+        self, replica_id: str, migrate: bool = False, timeout_s: float | None = None
+    ) -> Drained | ActorError:
+        """Drain a replica: it takes no new session; with ``migrate`` its sessions move to
+        the other replicas, and the answer comes when it holds none or ``timeout_s`` (default
+        ``drain_timeout_s``) has passed (``router.control.drain``)."""
+        return await self.drainer.drain(replica_id, migrate, timeout_s)
+
+    async def resume(self, replica_id: str) -> ReplicaView | ActorError:
+        """Undo a drain: the replica takes new sessions again."""
+        return await self.drainer.resume(replica_id)
+
+    async def migrate_session(
+        self, session_id: str, target_replica_id: str = "", wait_s: float | None = None
+    ) -> Route | ActorError:
+        """Move one session to ``target_replica_id`` (empty: placement chooses); a running
+        turn ends first (waiting at most ``wait_s``, default ``drain_timeout_s``). Answers the
+        session's new route, with its facts."""
+        target = target_replica_id or None
+        if target is not None:
+            entry = self.replicas.get(target)
+            if entry is None:
+                return ActorError(
+                    StatusCode.NOT_FOUND, f"no replica {clip_id(target)!r}; see ListReplicas"
+                )
+            if entry.health != ReplicaHealth.HEALTHY:
+                return ActorError(
+                    StatusCode.FAILED_PRECONDITION,
+                    f"replica {target} is {entry.health.name.lower()}: it takes no sessions",
+                )
+        wait = self.drainer.drain_timeout_s if wait_s is None else wait_s
+        route = await self.route(session_id, None)
+        if isinstance(route, ActorError) or route.replica_id == target:
+            return await self._with_info(route)
+        moved = await self.migrator.move(
+            [session_id], route.replica_id, MigrationReason.ADMIN, target, wait
+        )
+        if session_id in moved.left:
+            return moved.left[session_id]
+        return await self._with_info(await self.route(session_id, None))
+
+    async def _with_info(self, route: Route | ActorError) -> Route | ActorError:
+        if isinstance(route, ActorError):
+            return route
+        info = await route.handle.get_session.remote(route.session_id)
+        return info if isinstance(info, ActorError) else dataclasses.replace(route, info=info)
 
     def _view(self, replica_id: str) -> ReplicaView:
         return self.replicas[replica_id].view(replica_id, self.sessions.pinned_to(replica_id))
@@ -171,11 +215,7 @@ class SessionRouter:
         self._start()
         session_id = session_id or secrets.token_hex(16)
         if session_id not in self.opener.running and session_id in self.sessions:
-            route = await self.route(session_id, tenant)
-            if isinstance(route, ActorError):
-                return route
-            info = await route.handle.get_session.remote(session_id)
-            return info if isinstance(info, ActorError) else dataclasses.replace(route, info=info)
+            return await self._with_info(await self.route(session_id, tenant))
         return await self.opener.open(
             session_id, idle_timeout_s, tenant, gateway_id, wait_s, lease_s
         )
@@ -185,15 +225,20 @@ class SessionRouter:
         open must leave no session behind, whether it waits, runs or has already landed."""
         await self.opener.abandon(session_id)
 
-    async def route(self, session_id: str, tenant: str = "") -> Route | ActorError:
+    async def route(self, session_id: str, tenant: str | None = "") -> Route | ActorError:
+        """Where the session lives (waiting while it moves), for ``tenant`` (None: an admin,
+        who may route any tenant's session)."""
         session = self.sessions.get(session_id)
+        while session is not None and session.moving is not None:
+            await asyncio.shield(session.moving)
+            session = self.sessions.get(session_id)
         if session is None:
             return ActorError(
                 StatusCode.NOT_FOUND, f"session {clip_id(session_id)} is not open; open a new one"
             )
         if session.state == SessionState.ABORTED:
             return ActorError(StatusCode.ABORTED, replica_lost_message(session_id))
-        if session.tenant and session.tenant != tenant:
+        if tenant is not None and session.tenant and session.tenant != tenant:
             return ActorError(
                 StatusCode.PERMISSION_DENIED,
                 f"session {clip_id(session_id)} belongs to another tenant",
@@ -201,14 +246,20 @@ class SessionRouter:
         entry = self.replicas[session.replica_id]
         return Route(session_id, session.replica_id, entry.handle, tenant=session.tenant)
 
-    async def forget(self, session_ids: list[str], snapshot: PoolSnapshot | None = None) -> None:
-        """Gateways release sessions on their replica directly (close, stream end), then report
-        them here with the replica's snapshot after the release, so the table and the room for
-        new sessions follow at once."""
+    async def forget(
+        self,
+        session_ids: list[str],
+        snapshot: PoolSnapshot | None = None,
+        replica_id: str | None = None,
+    ) -> None:
+        """Gateways release sessions on their replica (``replica_id``) directly (close, stream
+        end), then report them here with the replica's snapshot after the release, so the table
+        and the room for new sessions follow at once. A session pinned to another replica by
+        now (it moved) is not forgotten."""
         if snapshot is not None and snapshot.replica_id in self.replicas:
             self.replicas[snapshot.replica_id].take(snapshot)
         for sid in session_ids:
-            self.sessions.forget(sid)
+            self.sessions.forget(sid, replica_id)
         await self.opener.notify_room()
 
     async def session_count(self) -> int:
