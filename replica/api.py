@@ -374,6 +374,15 @@ class ParkingStats:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckpointStats:
+    """A replica's session checkpoints so far; all 0 without checkpoints."""
+
+    written_total: int = 0  # checkpoints written (one per session whose state changed)
+    bytes_written_total: int = 0
+    bytes_held: int = 0  # what its store holds now
+
+
+@dataclass(frozen=True, slots=True)
 class PoolSnapshot:
     """A consistent view of one replica's pools, taken between engine steps. Cheap to pickle."""
 
@@ -389,6 +398,7 @@ class PoolSnapshot:
     sessions_opened_total: int = 0
     sessions_released_total: dict[str, int] = field(default_factory=dict)
     parking: ParkingStats = field(default_factory=ParkingStats)
+    checkpoints: CheckpointStats = field(default_factory=CheckpointStats)
 
     def pool(self, name: str) -> PoolStats:
         for stats in self.pools:

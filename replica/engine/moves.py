@@ -93,7 +93,6 @@ class SessionMoves:
                     self.engine.leases.hold([meta.session_id], meta.lease_s)
             opened += [self.engine.info(slot) for slot in slots]
             refused.update({sid: exc.to_actor_error() for sid, exc in errors.items()})
-            self.engine.checkpoint_changed(slots)
         self.imported_total += len(opened)
         return Imported(tuple(opened), refused, self.engine.snapshot())
 

@@ -60,6 +60,9 @@ class StreamingSession:
         self.sessions: dict[str, SessionSlot] = {}
         self.opened_total = 0
         self.released_total: Counter[str] = Counter()
+        # told of every change of a session's state and every release (checkpoints)
+        self.on_changed: Callable[[list[SessionSlot]], None] = lambda slots: None
+        self.on_released: Callable[[str], None] = lambda session_id: None
 
     def __len__(self) -> int:
         return len(self.sessions)
@@ -84,6 +87,7 @@ class StreamingSession:
         self.sessions[session_id] = slot
         self.residency.opened(slot)
         self.opened_total += 1
+        self.on_changed([slot])
         return slot
 
     def adopt(self, meta: SessionMeta, seq: SeqSlots | None, host: HostSlots | None) -> SessionSlot:
@@ -101,6 +105,7 @@ class StreamingSession:
         )
         self.sessions[meta.session_id] = slot
         self.residency.opened(slot)
+        self.on_changed([slot])
         return slot
 
     def get(self, session_id: str) -> SessionSlot:
@@ -161,6 +166,7 @@ class StreamingSession:
             self._free_slot(slot, slot.close_reason)
         else:
             self.residency.turn_ended(slot)
+            self.on_changed([slot])
         return slot
 
     def release_session(
@@ -187,6 +193,7 @@ class StreamingSession:
             self.pool.free_rows(slot.req_pool_idx)
             self._free_slot_mamba(slot)
         self.released_total[reason.value] += 1
+        self.on_released(slot.session_id)
 
     def _free_slot_mamba(self, slot: SessionSlot) -> None:
         if "leak_mamba_on_release" not in self.failpoints:

@@ -1,4 +1,5 @@
-"""``Drainer``: taking a replica out of service (DrainReplica), and back (ResumeReplica).
+"""``Drainer``: the admin calls that take sessions off replicas: DrainReplica, ResumeReplica and
+MigrateSession.
 
 ``drain(replica_id, migrate=False)``: the replica takes no new session; it keeps the ones it has
 until they end. ``drain(replica_id, migrate=True)`` also moves every session it holds to the
@@ -7,6 +8,9 @@ as that turn ends; sessions that find no room wait for room. It answers when the
 no session, or when ``timeout_s`` has passed, with how many moved and how many are left; the
 replica stays draining either way (a later drain moves the rest; ``resume`` takes it back).
 Draining a replica already draining is allowed, and moves what it still holds.
+
+``migrate_session(session_id, target)`` moves one session (to ``target``, or where placement
+chooses), once its running turn has ended.
 """
 
 from __future__ import annotations
@@ -14,10 +18,11 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from replica.api import ActorError, MigrationReason, StatusCode, clip_id
 from router.control.migration import Migrator
-from router.control.table import ReplicaEntry
+from router.control.table import ReplicaEntry, Route
 from router.control.views import ReplicaHealth, ReplicaView
 
 NO_ROOM_RETRY_S = 1.0  # how long a drain whose sessions found no room waits before trying again
@@ -63,8 +68,7 @@ class Drainer:
             return entry
         if entry.health == ReplicaHealth.DEAD:
             return Drained(self.view(replica_id))
-        await entry.handle.drain.remote(True)
-        entry.health = ReplicaHealth.DRAINING
+        await self._set_draining(entry, True)
         migrated = 0
         if migrate:
             wait = self.drain_timeout_s if timeout_s is None else timeout_s
@@ -103,6 +107,43 @@ class Drainer:
                 f"replica {replica_id} is dead and cannot be resumed; a replacement takes its "
                 "place (see ListReplicas)",
             )
-        await entry.handle.drain.remote(False)
-        entry.health = ReplicaHealth.HEALTHY
+        await self._set_draining(entry, False)
         return self.view(replica_id)
+
+    @staticmethod
+    async def _set_draining(entry: ReplicaEntry, draining: bool) -> None:
+        snapshot = await entry.handle.drain.remote(draining)
+        if not isinstance(snapshot, ActorError):
+            entry.take(snapshot)  # placement reads the replica's draining flag from it
+        entry.health = ReplicaHealth.DRAINING if draining else ReplicaHealth.HEALTHY
+
+    async def migrate_session(
+        self,
+        session_id: str,
+        target: str | None,
+        wait_s: float | None,
+        route: Callable[[str, Any], Awaitable[Route | ActorError]],
+        with_info: Callable[[Route | ActorError], Awaitable[Route | ActorError]],
+    ) -> Route | ActorError:
+        """Move one session to ``target`` (None: placement chooses) once its running turn has
+        ended (waiting at most ``wait_s``, default ``drain_timeout_s``); answers its route now,
+        with its facts. ``route(session_id, None)`` is the router's admin route lookup."""
+        if target is not None:
+            entry = self._entry(target)
+            if isinstance(entry, ActorError):
+                return entry
+            if entry.health != ReplicaHealth.HEALTHY:
+                return ActorError(
+                    StatusCode.FAILED_PRECONDITION,
+                    f"replica {target} is {entry.health.name.lower()}: it takes no sessions",
+                )
+        wait = self.drain_timeout_s if wait_s is None else wait_s
+        where = await route(session_id, None)
+        if isinstance(where, ActorError) or where.replica_id == target:
+            return await with_info(where)
+        moved = await self.migrator.move(
+            [session_id], where.replica_id, MigrationReason.ADMIN, target, wait
+        )
+        if session_id in moved.left:
+            return moved.left[session_id]
+        return await with_info(await route(session_id, None))

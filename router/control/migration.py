@@ -13,9 +13,8 @@ A move of sessions off ``source``:
 5. the sessions that landed are pinned to the target (one table write, atomic for every reader),
    the routes waiting for them are woken, and the source releases them (reason ``migrated``);
    those that did not land stay on the source, unmarked, and say why in ``Moved.left``.
-A failure at any step leaves each session pinned where its state is: on the source unless the
-target confirmed the import. Moves of one session never overlap: a second waits for the first,
-then moves the session from wherever it is then.
+A failure at any step leaves each session pinned where its state is (the source, unless the
+target confirmed the import). Moves of one session never overlap: a second waits for the first.
 """
 
 from __future__ import annotations
@@ -81,7 +80,7 @@ class Migrator:
             marked = await self._on(source, "mark_moving", list(claimed))
             if isinstance(marked, ActorError):
                 return Moved((), {**left, **dict.fromkeys(claimed, marked)})
-            left.update(dict.fromkeys(marked.missing, _gone(source)))
+            left.update({sid: _closed(sid) for sid in marked.missing})
             jobs = [self._move_idle(marked.exported, source, reason, target)]
             jobs += [self._move_busy(sid, source, reason, target, wait_s) for sid in marked.busy]
             migrated: list[str] = []
@@ -90,12 +89,7 @@ class Migrator:
                 left.update(moved.left)
             return Moved(tuple(migrated), left)
         finally:
-            for sid, done in claimed.items():
-                entry = self.sessions.get(sid)
-                if entry is not None and entry.moving is done:
-                    entry.moving = None
-                if not done.done():
-                    done.set_result(None)
+            self.release(claimed)
 
     async def claim(self, session_ids: Sequence[str], replica_id: str) -> dict[str, asyncio.Future]:
         """Mark the sessions pinned to ``replica_id`` moving in the table, after any move of
@@ -112,6 +106,15 @@ class Migrator:
             if entry and entry.state == SessionState.OPEN and entry.replica_id == replica_id:
                 entry.moving = claimed[sid] = loop.create_future()
         return claimed
+
+    def release(self, claimed: dict[str, asyncio.Future]) -> None:
+        """The moves of ``claimed`` are over: wake their routes (the table says where each is)."""
+        for sid, done in claimed.items():
+            entry = self.sessions.get(sid)
+            if entry is not None and entry.moving is done:
+                entry.moving = None
+            if not done.done():
+                done.set_result(None)
 
     async def _move_busy(
         self, sid: str, source: str, reason: MigrationReason, target: str | None, wait_s: float
@@ -131,7 +134,7 @@ class Migrator:
         try the other replicas."""
         pending, excluded, migrated, left = list(ids), {source}, [], {}
         while pending:
-            groups = self._assign(pending, target, excluded)
+            groups = self.assign(pending, target, excluded)
             placed = {sid for sids in groups.values() for sid in sids}
             left.update({sid: NO_ROOM for sid in pending if sid not in placed})
             outcomes = await asyncio.gather(
@@ -151,7 +154,7 @@ class Migrator:
             await self._on(source, "finish_export", list(left), False)
         return Moved(tuple(migrated), left)
 
-    def _assign(
+    def assign(
         self, ids: Sequence[str], target: str | None, excluded: set[str]
     ) -> dict[str, list[str]]:
         """Targets for ``ids``: ``target``, or placement's choice among the healthy replicas
@@ -186,7 +189,7 @@ class Migrator:
         if isinstance(exported, ActorError):
             return [], dict.fromkeys(ids, exported)
         refused = {sid: _still_busy(sid) for sid in exported.busy}
-        refused.update(dict.fromkeys(exported.missing, _gone(source)))
+        refused.update({sid: _closed(sid) for sid in exported.missing})
         if not exported.exported:
             return [], refused
         dst.reserved += len(exported.exported)
@@ -236,6 +239,10 @@ def _gone(replica_id: str) -> ActorError:
     return ActorError(
         StatusCode.UNAVAILABLE, f"replica {replica_id} is gone or failed the move; retry"
     )
+
+
+def _closed(session_id: str) -> ActorError:
+    return ActorError(StatusCode.NOT_FOUND, f"session {session_id} was closed; nothing to move")
 
 
 def _still_busy(session_id: str) -> ActorError:

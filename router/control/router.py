@@ -16,7 +16,6 @@ the sessions they hold when their next snapshot report is not recognised.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import secrets
 import time
@@ -26,7 +25,6 @@ from cachetools import LRUCache
 
 from replica.api import (
     ActorError,
-    MigrationReason,
     PoolSnapshot,
     ReleaseReason,
     ReplicaDescription,
@@ -35,8 +33,9 @@ from replica.api import (
     replica_lost_message,
 )
 from router.config import RouterConfig
-from router.control.drain import Drained, Drainer
-from router.control.failover import FailoverOutcome
+from router.control.admin_calls import AdminCalls
+from router.control.drain import Drainer
+from router.control.failover import Failover, FailoverOutcome
 from router.control.health import HealthWatch
 from router.control.migration import Migrator
 from router.control.opens import Opener
@@ -48,22 +47,30 @@ log = logging.getLogger(__name__)
 ROUTER_NAME = "session-router"
 
 
-class SessionRouter:
+class SessionRouter(AdminCalls):
     def __init__(self, config: RouterConfig | None = None) -> None:
         config = config or RouterConfig()
         self.replicas: dict[str, ReplicaEntry] = {}
         self.sessions = SessionTable()
         self.opener = Opener(
-            self.replicas, self.sessions, self._view, self.replica_failed, config.open_timeout_s
+            self.replicas, self.sessions, self._view, self._declare_dead, config.open_timeout_s
         )
         self.health = HealthWatch(
             self.replicas,
-            self.replica_failed,
+            self._declare_dead,
             config.stale_after_s,
             config.health_interval_s,
             config.dead_replica_retention_s,
         )
-        self.migrator = Migrator(self.replicas, self.sessions, self._view, self.replica_failed)
+        self.migrator = Migrator(self.replicas, self.sessions, self._view, self._declare_dead)
+        self.failover = Failover(
+            self.replicas,
+            self.sessions,
+            self.migrator,
+            self.opener.wait_for_room,
+            self._declare_dead,
+            config.open_timeout_s,
+        )
         self.drainer = Drainer(
             self.replicas,
             self.migrator,
@@ -87,8 +94,10 @@ class SessionRouter:
         desc: ReplicaDescription,
         tenants: dict[str, str] | None = None,
         snapshot: PoolSnapshot | None = None,
+        checkpoints: Any = None,
     ) -> None:
-        """Add or refresh a replica, adopting the sessions it says it holds (id -> tenant).
+        """Add or refresh a replica, adopting the sessions it says it holds (id -> tenant);
+        ``checkpoints`` is its checkpoint store, when it has one.
 
         A replica declared dead stays dead (the serve process kills and replaces it): if it
         turns out to be alive, its sessions, whose clients were told ABORTED, are released."""
@@ -107,6 +116,7 @@ class SessionRouter:
         if entry is None or entry.desc.incarnation != desc.incarnation:
             entry = self.replicas[replica_id] = ReplicaEntry(handle, desc)
         entry.handle, entry.health = handle, ReplicaHealth.HEALTHY
+        entry.checkpoints = checkpoints or entry.checkpoints
         if snapshot is not None:
             entry.take(snapshot)
         for sid, tenant in tenants.items():
@@ -128,64 +138,21 @@ class SessionRouter:
         await self.opener.notify_room()
         return True
 
-    async def replica_failed(self, replica_id: str, why: str) -> FailoverOutcome:
-        """Mark a replica dead: its sessions are answered ABORTED from now on."""
+    async def replica_failed(self, replica_id: str, why: str, wait: bool = True) -> FailoverOutcome:
+        """Mark a replica dead (once) and restore its sessions elsewhere from their checkpoints
+        (``router.control.failover``); with ``wait``, answers what became of them."""
         entry = self.replicas.get(replica_id)
-        if entry is None or entry.health == ReplicaHealth.DEAD:
+        if entry is None:
             return FailoverOutcome()
-        entry.health, entry.died_at = ReplicaHealth.DEAD, time.monotonic()
-        self._fenced[entry.desc.incarnation] = True
-        lost = self.sessions.abort(self.sessions.sessions_of(replica_id))
-        entry.lost += lost
-        log.error("replica %s is dead (%s); %d sessions lost", replica_id, why, lost)
-        return FailoverOutcome()
+        if entry.health != ReplicaHealth.DEAD:
+            entry.health, entry.died_at = ReplicaHealth.DEAD, time.monotonic()
+            self._fenced[entry.desc.incarnation] = True
+            log.error("replica %s is dead (%s)", replica_id, why)
+            self.failover.start(replica_id)
+        return await self.failover.outcome(replica_id) if wait else FailoverOutcome()
 
-    async def drain(
-        self, replica_id: str, migrate: bool = False, timeout_s: float | None = None
-    ) -> Drained | ActorError:
-        """Drain a replica: it takes no new session; with ``migrate`` its sessions move to
-        the other replicas, and the answer comes when it holds none or ``timeout_s`` (default
-        ``drain_timeout_s``) has passed (``router.control.drain``)."""
-        return await self.drainer.drain(replica_id, migrate, timeout_s)
-
-    async def resume(self, replica_id: str) -> ReplicaView | ActorError:
-        """Undo a drain: the replica takes new sessions again."""
-        return await self.drainer.resume(replica_id)
-
-    async def migrate_session(
-        self, session_id: str, target_replica_id: str = "", wait_s: float | None = None
-    ) -> Route | ActorError:
-        """Move one session to ``target_replica_id`` (empty: placement chooses); a running
-        turn ends first (waiting at most ``wait_s``, default ``drain_timeout_s``). Answers the
-        session's new route, with its facts."""
-        target = target_replica_id or None
-        if target is not None:
-            entry = self.replicas.get(target)
-            if entry is None:
-                return ActorError(
-                    StatusCode.NOT_FOUND, f"no replica {clip_id(target)!r}; see ListReplicas"
-                )
-            if entry.health != ReplicaHealth.HEALTHY:
-                return ActorError(
-                    StatusCode.FAILED_PRECONDITION,
-                    f"replica {target} is {entry.health.name.lower()}: it takes no sessions",
-                )
-        wait = self.drainer.drain_timeout_s if wait_s is None else wait_s
-        route = await self.route(session_id, None)
-        if isinstance(route, ActorError) or route.replica_id == target:
-            return await self._with_info(route)
-        moved = await self.migrator.move(
-            [session_id], route.replica_id, MigrationReason.ADMIN, target, wait
-        )
-        if session_id in moved.left:
-            return moved.left[session_id]
-        return await self._with_info(await self.route(session_id, None))
-
-    async def _with_info(self, route: Route | ActorError) -> Route | ActorError:
-        if isinstance(route, ActorError):
-            return route
-        info = await route.handle.get_session.remote(route.session_id)
-        return info if isinstance(info, ActorError) else dataclasses.replace(route, info=info)
+    async def _declare_dead(self, replica_id: str, why: str) -> None:
+        await self.replica_failed(replica_id, why, wait=False)
 
     def _view(self, replica_id: str) -> ReplicaView:
         return self.replicas[replica_id].view(replica_id, self.sessions.pinned_to(replica_id))
@@ -229,7 +196,7 @@ class SessionRouter:
         """Where the session lives (waiting while it moves), for ``tenant`` (None: an admin,
         who may route any tenant's session)."""
         session = self.sessions.get(session_id)
-        while session is not None and session.moving is not None:
+        while session is not None and session.moving is not None and not session.moving.done():
             await asyncio.shield(session.moving)
             session = self.sessions.get(session_id)
         if session is None:

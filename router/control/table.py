@@ -109,6 +109,7 @@ class ReplicaEntry:
     lost: int = 0  # sessions lost when the replica died
     died_at: float | None = None  # time.monotonic() when it was declared dead
     checkpoints: Any = None  # the handle of its checkpoint store, when it checkpoints
+    failover: asyncio.Task | None = None  # restores its sessions once it is dead
     migrated: Counter[str] = field(default_factory=Counter)  # sessions moved away, by reason
 
     def take(self, snapshot: PoolSnapshot) -> None:
