@@ -21,12 +21,14 @@ from typing import Any
 import ray
 
 from replica.api import ActorError, Exported, Imported, PoolSnapshot, SessionStates
+from replica.checkpoints.outbox import CheckpointOutbox
 
 BUSY_POLL_S = 0.01
 
 
 class SessionMovesAPI:
     engine: Any
+    checkpoint_outbox: CheckpointOutbox | None
 
     async def _call(self, fn, *args) -> Any:  # provided by ReplicaActor
         raise NotImplementedError
@@ -55,6 +57,10 @@ class SessionMovesAPI:
 
     async def import_sessions(self, parts: list) -> Imported | ActorError:
         """``parts``: ``SessionStates`` records, or ObjectRefs of them (fetched here, straight
-        from the object store they are in)."""
+        from the object store they are in). With checkpoints on, answers once the sessions'
+        first checkpoints here are stored: the state is never in one replica's hands only."""
         records = [await part if isinstance(part, ray.ObjectRef) else part for part in parts]
-        return await self._call(self.engine.moves.import_, records)
+        imported = await self._call(self.engine.moves.import_, records)
+        if self.checkpoint_outbox is not None and not isinstance(imported, ActorError):
+            await self.checkpoint_outbox.durable([info.session_id for info in imported.opened])
+        return imported

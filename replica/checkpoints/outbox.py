@@ -65,6 +65,7 @@ class CheckpointOutbox:
         self._expected_after: dict[int, int] = {}  # item seq -> len(expected) after it
         self._waiting: dict[str, int] = {}  # session id -> seq of its unacknowledged save
         self._held: dict[str, list[TurnEvent]] = {}
+        self._durable: list[tuple[set[str], asyncio.Future]] = []  # ``durable`` callers
         self._acked = (0, 0, 0)  # (store held, expected, store bytes) at the last ack
         self.written_total = 0
         self.bytes_written_total = 0
@@ -76,11 +77,11 @@ class CheckpointOutbox:
         if not self.connected:
             return
         self._expected.difference_update(batch.released)
-        if batch.released:  # the count changes now, even if a failpoint sends no drop
-            self._expected_after[self._seq] = len(self._expected)
-            if not self._sent_at:  # nothing in flight: the store's count stands as it is
-                store_held, _, store_bytes = self._acked
-                self._acked = (store_held, len(self._expected), store_bytes)
+        if set(batch.released) - set(batch.dropped) and not self._sent_at:
+            # released without a drop (a failpoint leaks them): with nothing in flight the
+            # store's count stands as acknowledged, and the leak shows at once
+            store_held, _, store_bytes = self._acked
+            self._acked = (store_held, len(self._expected), store_bytes)
         if batch.dropped:
             self._put(CheckpointDrop(tuple(batch.dropped)))
         for record in batch.saved:
@@ -135,9 +136,28 @@ class CheckpointOutbox:
             del self._sent_at[done]
         for done in [s for s in self._expected_after if s < seq]:
             del self._expected_after[done]
-        for session_id in [sid for sid, s in self._waiting.items() if s <= seq]:
+        stored = [sid for sid, s in self._waiting.items() if s <= seq]
+        for session_id in stored:
             del self._waiting[session_id]
             self._release(session_id)
+        for waiting, done in self._durable:
+            waiting.difference_update(stored)
+            if not waiting and not done.done():
+                done.set_result(True)
+        self._durable = [(w, f) for w, f in self._durable if not f.done()]
+
+    async def durable(self, session_ids: list[str]) -> bool:
+        """Wait until a checkpoint of each of ``session_ids`` taken from now on is stored (a
+        session that arrived by migration is safe from its new replica's death from then on);
+        False when that did not happen within ``stall_s`` or no store is connected."""
+        if not self.connected or not session_ids:
+            return False
+        done = asyncio.get_running_loop().create_future()
+        self._durable.append((set(session_ids), done))
+        try:
+            return await asyncio.wait_for(done, self.stall_s)
+        except asyncio.TimeoutError:
+            return False
 
     def _release(self, session_id: str) -> None:
         if session_id not in self._waiting:
@@ -167,6 +187,10 @@ class CheckpointOutbox:
         self._acked = (0, 0, 0)
         for session_id in list(self._held):
             self._release(session_id)
+        for _, done in self._durable:
+            if not done.done():
+                done.set_result(False)
+        self._durable = []
 
     # ----- accounting -------------------------------------------------------------------------
 
