@@ -3,12 +3,13 @@
 pushing its last snapshot, the router kept it HEALTHY and placed sessions on it, and the client
 that triggered it hung until its deadline.
 
-Now the replica is dead at once: without session checkpoints (``--no-session-checkpoints``;
-with them its sessions would be restored elsewhere, tests/test_e2e_failover.py) the turn that
-killed it and every later call on its sessions end ABORTED, ListReplicas shows it DEAD long before any staleness check could (``stale_after_s`` is a
-minute here), nothing is placed on it, a replacement joins empty and serves, and once the router
-forgets it its series leave /metrics. The failpoint is in the environment only while the module's
-server starts its first replicas, so the replacement is healthy.
+Now the replica is dead at once: without session checkpoints (``--no-session-checkpoints``; with
+them its sessions would be restored elsewhere, tests/test_e2e_failover.py) the turn that killed it
+and every later call on its sessions end ABORTED, ListReplicas shows it DEAD long before any
+staleness check could (``stale_after_s`` is a minute here), nothing is placed on it, a replacement
+joins empty and serves, and once the router forgets it its series leave /metrics. The failpoint is
+in the environment only while the module's server starts its first replicas, so the replacement is
+healthy.
 """
 
 from __future__ import annotations

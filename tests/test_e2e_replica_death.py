@@ -1,6 +1,6 @@
-"""End to end: a replica killed under its sessions, without session checkpoints
-(``--no-session-checkpoints``; with them, tests/test_e2e_failover.py). Its sessions' next turn
-is ABORTED (and a turn streaming when it died ends ABORTED instead of hanging), the other replica's sessions are
+"""End to end: a replica killed under its sessions, without session checkpoints (``--no-session-
+checkpoints``; with them, tests/test_e2e_failover.py). Its sessions' next turn is ABORTED (and a
+turn streaming when it died ends ABORTED instead of hanging), the other replica's sessions are
 untouched, new sessions never go to the dead one, ListReplicas shows it DEAD, and a replacement
 brings the cluster back to --replicas replicas.
 
