@@ -72,7 +72,9 @@ class Failover:
         return await asyncio.shield(entry.failover)
 
     async def _run(self, replica_id: str, entry: ReplicaEntry) -> FailoverOutcome:
-        claimed = await self.migrator.claim(self.sessions.sessions_of(replica_id), replica_id)
+        claimed = await self.migrator.claims.claim(
+            self.sessions.sessions_of(replica_id), replica_id
+        )
         try:
             found = await self._checkpoints(entry, list(claimed))
             restored = await self._restore(found, replica_id) if found else {}
@@ -87,7 +89,7 @@ class Failover:
             )
             return FailoverOutcome(restored, lost)
         finally:
-            self.migrator.release(claimed)
+            self.migrator.claims.release(claimed)
             if entry.checkpoints is not None:
                 try:
                     ray.kill(entry.checkpoints, no_restart=True)
@@ -147,5 +149,5 @@ class Failover:
             return {}, dict.fromkeys(ids, imported)
         entry.take(imported.snapshot)
         landed = {info.session_id: info.committed_tokens for info in imported.opened}
-        self.migrator.land(list(landed), target)
+        self.migrator.claims.land(list(landed), target)
         return landed, imported.refused

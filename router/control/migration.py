@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replica.api import ActorError, Exported, Imported, MigrationReason, StatusCode
+from router.control.moving import MovingSessions
 from router.control.placement import choose_replica
-from router.control.table import ReplicaEntry, SessionState, SessionTable
+from router.control.table import ReplicaEntry, SessionTable
 from router.control.views import ReplicaView
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ class Migrator:
         self.sessions = sessions
         self.view = view
         self.on_dead = on_dead
+        self.claims = MovingSessions(sessions)
 
     async def move(
         self,
@@ -70,7 +72,7 @@ class Migrator:
         """Move the sessions among ``session_ids`` pinned to ``source`` to ``target`` (None:
         placement chooses); a session whose turn runs moves once the turn has ended, if that
         is within ``wait_s``. Sessions not pinned to ``source`` are left (NOT_FOUND)."""
-        claimed = await self.claim(session_ids, source)
+        claimed = await self.claims.claim(session_ids, source)
         left = {
             sid: ActorError(StatusCode.NOT_FOUND, f"session {sid} is not on {source}")
             for sid in session_ids
@@ -89,32 +91,7 @@ class Migrator:
                 left.update(moved.left)
             return Moved(tuple(migrated), left)
         finally:
-            self.release(claimed)
-
-    async def claim(self, session_ids: Sequence[str], replica_id: str) -> dict[str, asyncio.Future]:
-        """Mark the sessions pinned to ``replica_id`` moving in the table, after any move of
-        them in flight has ended; returns each one's future (done when its move is)."""
-        while True:
-            busy = [e.moving for e in map(self.sessions.get, session_ids) if e and e.moving]
-            if not busy:
-                break
-            await asyncio.gather(*map(asyncio.shield, busy))
-        loop = asyncio.get_running_loop()
-        claimed = {}
-        for sid in session_ids:
-            entry = self.sessions.get(sid)
-            if entry and entry.state == SessionState.OPEN and entry.replica_id == replica_id:
-                entry.moving = claimed[sid] = loop.create_future()
-        return claimed
-
-    def release(self, claimed: dict[str, asyncio.Future]) -> None:
-        """The moves of ``claimed`` are over: wake their routes (the table says where each is)."""
-        for sid, done in claimed.items():
-            entry = self.sessions.get(sid)
-            if entry is not None and entry.moving is done:
-                entry.moving = None
-            if not done.done():
-                done.set_result(None)
+            self.claims.release(claimed)
 
     async def _move_busy(
         self, sid: str, source: str, reason: MigrationReason, target: str | None, wait_s: float
@@ -204,24 +181,13 @@ class Migrator:
             return [], {**refused, **dict.fromkeys(exported.exported, imported)}
         dst.take(imported.snapshot)
         landed = [info.session_id for info in imported.opened]
-        self.land(landed, target)
+        self.claims.land(landed, target)
         refused.update(imported.refused)
         finished = await self._on(source, "finish_export", landed, True)
         if not isinstance(finished, ActorError):
             src.take(finished)
         src.migrated[reason.value] += len(landed)
         return landed, refused
-
-    def land(self, session_ids: Sequence[str], replica_id: str) -> None:
-        """Pin sessions to the replica that now holds their state, and wake their routes."""
-        for sid in session_ids:
-            entry = self.sessions.get(sid)
-            if entry is None:
-                continue
-            moving = entry.moving
-            self.sessions.pin(sid, replica_id, entry.tenant)
-            if moving is not None and not moving.done():
-                moving.set_result(None)
 
     async def _on(self, replica_id: str, method: str, *args: Any) -> Any:
         """``replica.method(*args)``; an ActorError when the replica is gone or fails it."""

@@ -155,7 +155,11 @@ class SessionRouter(AdminCalls):
         await self.replica_failed(replica_id, why, wait=False)
 
     def _view(self, replica_id: str) -> ReplicaView:
-        return self.replicas[replica_id].view(replica_id, self.sessions.pinned_to(replica_id))
+        pinned, moving = (
+            self.sessions.pinned_to(replica_id),
+            self.migrator.claims.moving[replica_id],
+        )
+        return self.replicas[replica_id].view(replica_id, pinned, moving)
 
     async def views(self) -> list[ReplicaView]:
         return [self._view(rid) for rid in sorted(self.replicas)]

@@ -120,7 +120,7 @@ class ReplicaEntry:
             self.snapshot = snapshot
             self.reported_at = time.monotonic()
 
-    def view(self, replica_id: str, pinned: int) -> ReplicaView:
+    def view(self, replica_id: str, pinned: int, moving: int = 0) -> ReplicaView:
         """What the router hands out about this replica (placement, metrics, ListReplicas)."""
         age = time.monotonic() - self.reported_at if self.snapshot else 0.0
         return ReplicaView(
@@ -134,6 +134,7 @@ class ReplicaEntry:
             self.desc.kv_tokens_per_session,
             self.lost,
             dict(self.migrated),
+            moving,
         )
 
 
