@@ -85,7 +85,10 @@ class ReplicaActor(SessionsAPI, SessionMovesAPI, CheckpointsAPI):
             if self.config.session_checkpoints:
                 pools = self.config.pools
                 capacity = pools.max_sessions + pools.max_parked_sessions
-                outbox = self.checkpoint_outbox = CheckpointOutbox(dispatch, capacity)
+                log_ = self.engine.checkpoints
+                outbox = self.checkpoint_outbox = CheckpointOutbox(
+                    dispatch, capacity, lambda on: setattr(log_, "enabled", on)
+                )
                 self.engine.checkpoint_accounting = lambda: (outbox.pool_stats(), outbox.stats())
                 dispatch = outbox.dispatch
             self._async = AsyncEngine(

@@ -244,11 +244,14 @@ def test_converse_refused_input_ends_stream_and_releases(server, alice):
 
 
 def test_aborted_after_the_replica_died(server, alice):
-    """Runs last: it kills one of the module's replicas."""
+    """Runs last: it kills one of the module's replicas, and first its checkpoint store, so
+    that its sessions' state is gone (with it, they would be restored elsewhere:
+    tests/test_e2e_failover.py)."""
     sessions = [alice.open() for _ in range(4)]
     victim = sessions[0].replica_id
     for s in sessions:
         drain_stream(s.generate(tokens=[1, 2], max_new_tokens=2))
+    ray.kill(server.server.stores[victim], no_restart=True)
     ray.kill(server.replicas[victim], no_restart=True)
     doomed = [s for s in sessions if s.replica_id == victim]
     for s in doomed:

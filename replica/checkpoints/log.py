@@ -8,6 +8,9 @@ records, with the sessions released since, to the replica's ``CheckpointOutbox``
 only part of checkpointing on the engine thread: one copy of the changed sessions' state, right
 after the step; writing them out happens on the actor's event loop, off the token path.
 
+Nothing is exported while no checkpoint store follows the replica (``enabled`` False): a session
+changed meanwhile gets its first checkpoint at its next change.
+
 ``released`` notes every release of a session that has a checkpoint, so its checkpoint is freed
 (``dropped``); the failpoint ``leak_checkpoint_on_release`` drops none, so a leaked checkpoint
 shows in the accounting (the session is counted released, the store still holds its state).
@@ -45,6 +48,7 @@ class CheckpointLog:
     def __init__(self, transfer: StateTransfer, leak_on_release: bool = False) -> None:
         self.transfer = transfer
         self.leak_on_release = leak_on_release
+        self.enabled = False  # a store follows the replica (set from the actor's event loop)
         self._changed: dict[str, SessionSlot] = {}
         self._checkpointed: set[str] = set()  # sessions with a checkpoint written or on its way
         self._dropped: list[str] = []
@@ -65,6 +69,8 @@ class CheckpointLog:
     def take(self) -> CheckpointBatch:
         """Export every changed idle session (one record each) and the releases since the last
         ``take``; a session whose turn runs again waits for that turn's end."""
+        if not self.enabled:
+            self._changed.clear()
         ready = [s for s in self._changed.values() if s.turn is None]
         for slot in ready:
             del self._changed[slot.session_id]

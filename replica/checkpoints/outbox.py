@@ -52,9 +52,11 @@ class CheckpointOutbox:
         self,
         dispatch: Callable[[list[TurnEvent]], None],
         capacity: int,
+        on_connected: Callable[[bool], None] = lambda connected: None,
         stall_s: float = STALL_S,
     ) -> None:
         self.send_events = dispatch
+        self.on_connected = on_connected
         self.capacity = capacity
         self.stall_s = stall_s
         self.connected = False
@@ -115,17 +117,21 @@ class CheckpointOutbox:
     async def stream(self) -> AsyncIterator[SessionStates | CheckpointDrop]:
         """The items, forever, for the one store that follows this replica."""
         self._reset()
-        self.connected = True
+        self._connect(True)
         try:
             while (item := await self._queue.get()) is not None:
                 yield item
         finally:
-            self.connected = False
+            self._connect(False)
             self._reset()
+
+    def _connect(self, connected: bool) -> None:
+        self.connected = connected
+        self.on_connected(connected)
 
     def close(self) -> None:
         """The replica is dead: end the stream (the store keeps what it has)."""
-        self.connected = False
+        self._connect(False)
         self._queue.put_nowait(None)
 
     def acked(self, seq: int, store_held: int, store_bytes: int) -> None:
@@ -173,7 +179,7 @@ class CheckpointOutbox:
                 "it reconnects (sessions of this replica would not survive its death)",
                 self.stall_s,
             )
-            self.connected = False
+            self._connect(False)
             self._reset()
 
     def _reset(self) -> None:
