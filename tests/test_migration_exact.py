@@ -36,7 +36,7 @@ from tests.support.engine import (
     session_state,
     token_ids,
 )
-from tests.support.hf_peer import tiny_hf_bamba
+from tests.support.hf_peer import saved_peer
 from tests.support.pools import FakeClock
 
 SEEDED = SamplingParams(max_new_tokens=7, temperature=0.9, top_p=0.9, seed=1234)
@@ -45,10 +45,7 @@ SEEDED = SamplingParams(max_new_tokens=7, temperature=0.9, top_p=0.9, seed=1234)
 @pytest.fixture(scope="module")
 def peer(tmp_path_factory):
     """A tiny random HF Bamba and the checkpoint it saved: (hf model, path)."""
-    hf = tiny_hf_bamba(seed=5)
-    path = tmp_path_factory.mktemp("bamba-migration-peer")
-    hf.save_pretrained(str(path))
-    return hf, str(path)
+    return saved_peer(tmp_path_factory, seed=5)
 
 
 def checked(*engines) -> None:

@@ -65,6 +65,8 @@ class CheckpointOutbox:
         self._sent_at: dict[int, float] = {}  # unacknowledged items: when queued
         self._expected: set[str] = set()
         self._expected_after: dict[int, int] = {}  # item seq -> len(expected) after it
+        self._unfreed = 0  # sessions released without their checkpoint freed, so far
+        self._unfreed_at: dict[int, int] = {}  # item seq -> ``_unfreed`` when it was queued
         self._waiting: dict[str, int] = {}  # session id -> seq of its unacknowledged save
         self._held: dict[str, list[TurnEvent]] = {}
         self._durable: list[tuple[set[str], asyncio.Future]] = []  # ``durable`` callers
@@ -78,12 +80,13 @@ class CheckpointOutbox:
         """Queue one engine step's checkpoints (before that step's events are dispatched)."""
         if not self.connected:
             return
+        dropped = set(batch.dropped)
+        unfreed = [s for s in batch.released if s in self._expected and s not in dropped]
         self._expected.difference_update(batch.released)
-        if set(batch.released) - set(batch.dropped) and not self._sent_at:
-            # released without a drop (a failpoint leaks them): with nothing in flight the
-            # store's count stands as acknowledged, and the leak shows at once
-            store_held, _, store_bytes = self._acked
-            self._acked = (store_held, len(self._expected), store_bytes)
+        if unfreed:  # released, their checkpoints not freed (a failpoint): leaked from now on
+            self._unfreed += len(unfreed)
+            store_held, expected, store_bytes = self._acked
+            self._acked = (store_held, expected - len(unfreed), store_bytes)
         if batch.dropped:
             self._put(CheckpointDrop(tuple(batch.dropped)))
         for record in batch.saved:
@@ -97,6 +100,7 @@ class CheckpointOutbox:
         self._seq += 1
         self._sent_at[self._seq] = time.monotonic()
         self._expected_after[self._seq] = len(self._expected)
+        self._unfreed_at[self._seq] = self._unfreed
         self._queue.put_nowait(item)
         return self._seq
 
@@ -137,11 +141,13 @@ class CheckpointOutbox:
     def acked(self, seq: int, store_held: int, store_bytes: int) -> None:
         """The store holds every item up to ``seq``, and ``store_held`` checkpoints now."""
         expected = self._expected_after.get(seq, len(self._expected))
+        expected -= self._unfreed - self._unfreed_at.get(seq, self._unfreed)  # leaked since
         self._acked = (store_held, expected, store_bytes)
         for done in [s for s in self._sent_at if s <= seq]:
             del self._sent_at[done]
         for done in [s for s in self._expected_after if s < seq]:
             del self._expected_after[done]
+            self._unfreed_at.pop(done, None)
         stored = [sid for sid, s in self._waiting.items() if s <= seq]
         for session_id in stored:
             del self._waiting[session_id]
@@ -188,6 +194,7 @@ class CheckpointOutbox:
         self._seq = 0
         self._sent_at.clear()
         self._expected_after.clear()
+        self._unfreed_at.clear()
         self._expected.clear()
         self._waiting.clear()
         self._acked = (0, 0, 0)

@@ -10,9 +10,11 @@ A move of sessions off ``source``:
 4. each batch goes from the source's object store straight to its target: the target's
    ``import_sessions`` is handed the export's ObjectRef, so the bytes never pass through the
    router or a gateway;
-5. the sessions that landed are pinned to the target (one table write, atomic for every reader),
-   the routes waiting for them are woken, and the source releases them (reason ``migrated``);
-   those that did not land stay on the source, unmarked, and say why in ``Moved.left``.
+5. once the target answers (with checkpoints on, after its first checkpoint of each session is
+   stored there), the sessions that landed are pinned to the target (one table write, atomic
+   for every reader), the routes waiting for them are woken, and the source releases them
+   (reason ``migrated``); those that did not land stay on the source, unmarked, and say why in
+   ``Moved.left``.
 A failure at any step leaves each session pinned where its state is (the source, unless the
 target confirmed the import). Moves of one session never overlap: a second waits for the first.
 """
