@@ -14,9 +14,9 @@ twice: without, then with, ``--session-checkpoints``. On each cluster:
    calls), taking turns, 8 sessions (4 with ``--quick``): the median of the ratios;
 2. (with checkpoints) the drain time of a replica holding 64 sessions, each with a 32-token
    history: DrainReplica(migrate=true) until it holds none;
-3. turn latency: one session's turns back to back (8 tokens in, 16 out) through the gateway,
-   from submission to the last chunk, 16 turns (6 with ``--quick``): p50 and p99, and the
-   checkpoint bytes written per turn.
+3. turn latency: one session's turns back to back (8 tokens in, 16 out, after a 64-token
+   history) through the gateway, from submission to the last chunk, 16 turns (6 with
+   ``--quick``): p50 and p99, and the checkpoint bytes written per turn.
 With checkpoints on, a migration answers once the target's first checkpoint of the session is
 stored (the state is never in one replica's hands only), and a turn's last chunk once its
 checkpoint is stored.
@@ -63,7 +63,7 @@ async def measure(path: str, checkpoints: bool, quick: bool) -> dict[str, object
         threads=1,
         max_sessions=SESSIONS_PER_REPLICA,
         kv_tokens=SESSIONS_PER_REPLICA * (HISTORY + 64),
-        max_context=HISTORY + 64,
+        max_context=768,
         page_size=16,
         mamba_track_buffers=0,
         max_prefill_chunk=512,

@@ -17,7 +17,7 @@ from router.client import AsyncSessionClient
 HISTORY = 256  # tokens of history of a session that migrates
 DRAINED = 64  # sessions on the replica that is drained
 DRAIN_HISTORY = 32
-TURN_IN, TURN_NEW = 8, 16
+TURN_IN, TURN_NEW, TURN_HISTORY = 8, 16, 64
 
 
 def session_bytes(committed: int) -> int:
@@ -125,7 +125,7 @@ async def turn_latencies(cluster: LocalCluster, turns: int) -> tuple[list[float]
     gateway, each from its submission to its last chunk: (seconds per turn, checkpoint bytes
     written per turn on its replica)."""
     client = AsyncSessionClient(cluster.server.grpc_address)
-    sid, replica = await open_with_history(client, 7, HISTORY)
+    sid, replica = await open_with_history(client, 7, TURN_HISTORY)
     handle = cluster.server.replicas[replica]
     before = (await handle.snapshot.remote(True)).checkpoints
     seconds = []
