@@ -33,10 +33,11 @@ def make_engine(
     model: tuple[ModelConfig, HybridModel, Tokenizer] | None = None,
     **replica_kwargs,
 ) -> Engine:
-    """A strict engine over tiny-bamba (or ``model``) with the given pool sizes."""
+    """An engine over tiny-bamba (or ``model``) with the given pool sizes; strict unless
+    ``strict=False`` is given."""
     cfg, net, tok = model or tiny_bamba()
     pools = pools or PoolConfig(max_sessions=8, kv_tokens=4096, max_context=1024)
-    config = ReplicaConfig(pools=pools, strict=True, **replica_kwargs)
+    config = ReplicaConfig(pools=pools, **{"strict": True, **replica_kwargs})
     return Engine(config, net, tok)
 
 
