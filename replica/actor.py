@@ -234,7 +234,17 @@ class ReplicaActor:
         async for batch in self.outputs.stream(gateway_id):
             yield batch
 
-    async def shutdown(self) -> None:
-        if self._async is not None:
-            await self._call(self.engine.close_all, ReleaseReason.ABORTED)
-            self._async.stop()
+    async def shutdown(self) -> int:
+        """Release every session (reason ``aborted``) and stop the engine; returns how many
+        sessions it released."""
+        if self._async is None:
+            return 0
+
+        def release_all() -> int:
+            count = len(self.engine.sessions)
+            self.engine.close_all(ReleaseReason.ABORTED)
+            return count
+
+        released = await self._call(release_all)
+        self._async.stop()
+        return released if isinstance(released, int) else 0
