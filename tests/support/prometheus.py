@@ -207,17 +207,29 @@ class Prometheus:
         ]
 
     def wait_alert(
-        self, name: str, states: set[str], timeout: float = 30.0, short_for: bool = False, **labels
+        self,
+        name: str,
+        states: set[str],
+        value: float | None = None,
+        timeout: float = 30.0,
+        short_for: bool = False,
+        **labels: str,
     ) -> dict:
-        """Poll until one alert ``name`` with ``labels`` is in one of ``states``; returns it."""
+        """Poll until one alert ``name`` with ``labels`` is in one of ``states`` (with ``value``
+        when given); returns it."""
         deadline = time.monotonic() + timeout
         while True:
-            found = [a for a in self.alerts(name, short_for, **labels) if a["state"] in states]
+            found = [
+                a
+                for a in self.alerts(name, short_for, **labels)
+                if a["state"] in states and (value is None or float(a["value"]) == value)
+            ]
             if found:
                 return found[0]
             if time.monotonic() > deadline:
                 raise AssertionError(
-                    f"no {name} alert {labels} in {states} after {timeout:.0f}s; active alerts: "
+                    f"no {name} alert {labels} in {states} (value {value}) after {timeout:.0f}s; "
+                    f"active alerts: "
                     f"{self.api('alerts')['alerts']}"
                 )
             time.sleep(0.25)
