@@ -140,6 +140,13 @@ class ServerThread:
         self.assert_no_leaks(ids, at_capacity=True)
 
 
+def opens_waiting(server: ServerThread) -> int:
+    """OpenSession calls the router is placing now (on a full cluster: waiting for room), read
+    from the router actor's table of opens in flight."""
+    count = server.server.router.__ray_call__.remote(lambda router: len(router._opening))
+    return ray.get(count, timeout=30)
+
+
 def wait_for(predicate, timeout: float, interval: float = 0.05, what: str = "condition"):
     """Poll ``predicate`` until it returns a truthy value; fails after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
