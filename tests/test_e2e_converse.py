@@ -15,7 +15,7 @@ import pytest
 
 from protos import session_router_pb2 as pb
 from router.client import SessionClient, generate_request
-from tests.support.cluster import ServerThread, rpc_error, wait_for
+from tests.support.cluster import ServerThread, rpc_error, tokens, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +31,13 @@ def client(server):
         yield c
 
 
-def tokens(seed: int, n: int = 8) -> list[int]:
-    return [(seed * 31 + i * 7) % 250 + 1 for i in range(n)]
+def released(server: ServerThread, opened: pb.Session) -> None:
+    wait_for(
+        lambda: opened.session_id not in server.sessions_on()[opened.replica_id],
+        10,
+        what="the stream's session to be released",
+    )
+    server.wait_at_capacity()
 
 
 def open_requests(q: queue.Queue):
@@ -42,10 +47,15 @@ def open_requests(q: queue.Queue):
         yield item
 
 
-def test_converse_barge_in(server, client):
+def converse(client: SessionClient) -> tuple[queue.Queue, grpc.Call, pb.Session]:
+    """A Converse stream, opened: its request queue (None half-closes), the call, the session."""
     q: queue.Queue = queue.Queue()
     call = client.sessions.Converse(open_requests(q), timeout=60)
-    opened = next(call).opened
+    return q, call, next(call).opened
+
+
+def test_converse_barge_in(server, client):
+    q, call, opened = converse(client)
     assert opened.session_id and opened.replica_id in server.replicas
     q.put(pb.ConverseRequest(input=generate_request(tokens=tokens(3), max_new_tokens=400)))
     first_turn, second_turn, reasons = [], [], []
@@ -67,18 +77,11 @@ def test_converse_barge_in(server, client):
     assert 3 <= len(first_turn) < 400
     assert len(second_turn) == 5
     assert call.code() == grpc.StatusCode.OK
-    wait_for(
-        lambda: opened.session_id not in server.sessions_on()[opened.replica_id],
-        10,
-        what="the half-closed stream's session to be released",
-    )
-    server.wait_at_capacity()
+    released(server, opened)
 
 
 def test_converse_cancel_releases_the_session(server, client):
-    q: queue.Queue = queue.Queue()
-    call = client.sessions.Converse(open_requests(q), timeout=60)
-    opened = next(call).opened
+    q, call, opened = converse(client)
     q.put(pb.ConverseRequest(input=generate_request(tokens=tokens(5), max_new_tokens=400)))
     got = 0
     for response in call:
@@ -87,26 +90,15 @@ def test_converse_cancel_releases_the_session(server, client):
             break
     assert opened.session_id in server.sessions_on()[opened.replica_id]
     call.cancel()
-    wait_for(
-        lambda: opened.session_id not in server.sessions_on()[opened.replica_id],
-        10,
-        what="the cancelled stream's session to be released",
-    )
-    assert (
-        rpc_error(
-            client.sessions.GetSession, pb.GetSessionRequest(session_id=opened.session_id)
-        ).code()
-        == grpc.StatusCode.NOT_FOUND
-    )
     q.put(None)
-    server.wait_at_capacity()
+    released(server, opened)
+    get = rpc_error(client.sessions.GetSession, pb.GetSessionRequest(session_id=opened.session_id))
+    assert get.code() == grpc.StatusCode.NOT_FOUND
 
 
 def test_converse_refused_input_ends_stream_and_releases(server, client):
     """A refused input in a Converse ends the stream with its code; the session is released."""
-    q: queue.Queue = queue.Queue()
-    call = client.sessions.Converse(open_requests(q), timeout=30)
-    opened = next(call).opened
+    q, call, opened = converse(client)
     q.put(pb.ConverseRequest(input=generate_request(tokens=[1, 10_000], max_new_tokens=2)))
     try:
         for _ in call:
@@ -117,27 +109,11 @@ def test_converse_refused_input_ends_stream_and_releases(server, client):
         raise AssertionError("a refused input did not end the stream")
     finally:
         q.put(None)
-    wait_for(
-        lambda: opened.session_id not in server.sessions_on()[opened.replica_id],
-        10,
-        what="the Converse session to be released",
-    )
-    server.wait_at_capacity()
-
-
-def released(server: ServerThread, opened: pb.Session) -> None:
-    wait_for(
-        lambda: opened.session_id not in server.sessions_on()[opened.replica_id],
-        10,
-        what="the stream's session to be released",
-    )
-    server.wait_at_capacity()
+    released(server, opened)
 
 
 def test_half_close_while_a_turn_runs_finishes_the_turn_then_releases(server, client):
-    q: queue.Queue = queue.Queue()
-    call = client.sessions.Converse(open_requests(q), timeout=60)
-    opened = next(call).opened
+    q, call, opened = converse(client)
     q.put(pb.ConverseRequest(input=generate_request(tokens=tokens(6), max_new_tokens=30)))
     q.put(None)  # half-close at once: the turn has barely started
     chunks = [response.chunk for response in call]
@@ -149,9 +125,7 @@ def test_half_close_while_a_turn_runs_finishes_the_turn_then_releases(server, cl
 
 
 def test_the_interrupt_message_ends_the_running_turn(server, client):
-    q: queue.Queue = queue.Queue()
-    call = client.sessions.Converse(open_requests(q), timeout=60)
-    opened = next(call).opened
+    q, call, opened = converse(client)
     q.put(pb.ConverseRequest(interrupt=pb.Interrupt()))  # nothing runs: nothing to end
     q.put(pb.ConverseRequest(input=generate_request(tokens=tokens(7), max_new_tokens=400)))
     streamed = 0

@@ -15,7 +15,14 @@ import ray
 
 from protos import session_router_pb2 as pb
 from router.client import SessionClient
-from tests.support.cluster import ServerThread, drain_stream, opens_waiting, rpc_error, wait_for
+from tests.support.cluster import (
+    ServerThread,
+    drain_stream,
+    opens_waiting,
+    rpc_error,
+    tokens,
+    wait_for,
+)
 
 OPEN_TIMEOUT_S = 3.0
 
@@ -31,10 +38,6 @@ def server(ray_cluster):
 def client(server):
     with SessionClient(server.address) as c:
         yield c
-
-
-def tokens(seed: int, n: int = 8) -> list[int]:
-    return [(seed * 31 + i * 7) % 250 + 1 for i in range(n)]
 
 
 def test_every_turn_runs_on_the_pinned_replica(server, client):

@@ -171,6 +171,11 @@ def rpc_error(fn, *args, **kwargs) -> grpc.RpcError:
     raise AssertionError(f"{getattr(fn, '__name__', fn)} did not fail")
 
 
+def tokens(seed: int, n: int = 8) -> list[int]:
+    """``n`` reproducible token ids in tiny-bamba's vocabulary."""
+    return [(seed * 31 + i * 7) % 250 + 1 for i in range(n)]
+
+
 def drain_stream(stream) -> tuple[list[int], int, int]:
     """Drain a Generate stream: (token ids, finish reason, committed tokens of the last chunk)."""
     ids, reason, committed = [], 0, 0

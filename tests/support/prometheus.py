@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.serve_process import kill_session, tail
+from tests.support.serve_process import kill_session, tail, wait_ready
 
 PROMETHEUS_DIR = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
 JOB = "session-router"
@@ -123,23 +123,18 @@ class Prometheus:
             proc = subprocess.Popen(
                 cmd, cwd=workdir, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
-        deadline = time.monotonic() + ready_timeout
-        while True:
+
+        def ready() -> Prometheus | None:
             listening = re.search(r'msg="Listening on" address=(127\.0\.0\.1:\d+)', tail(log))
             if listening:
-                server = cls(proc, log, f"http://{listening[1]}")
                 try:
-                    http_get(f"{server.url}/-/ready", timeout=2)
-                    return server
+                    http_get(f"http://{listening[1]}/-/ready", timeout=2)
+                    return cls(proc, log, f"http://{listening[1]}")
                 except (urllib.error.URLError, OSError):
                     pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                kill_session(proc.pid)
-                raise AssertionError(
-                    f"prometheus not ready (exit status {proc.poll()}); its log:\n{tail(log)}\n"
-                    f"config:\n{config.read_text()}"
-                )
-            time.sleep(0.2)
+            return None
+
+        return wait_ready(proc, log, ready, ready_timeout, f"prometheus ({config})")
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -14,14 +14,17 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 
 from router.client import SessionClient
 
 REPO = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
 
 
 def tail(path: Path, chars: int = 6000) -> str:
@@ -51,6 +54,22 @@ def kill_session(sid: int) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def wait_ready(
+    proc: subprocess.Popen, log: Path, ready: Callable[[], T | None], timeout: float, what: object
+) -> T:
+    """Poll ``ready()`` until it returns a value, which is returned. Fails, and kills what
+    ``proc`` started, when ``proc`` exits first or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while not (value := ready()):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            kill_session(proc.pid)
+            raise AssertionError(
+                f"{what} not ready (exit status {proc.poll()}); its output:\n{tail(log)}"
+            )
+        time.sleep(0.2)
+    return value
 
 
 @dataclass
@@ -85,15 +104,10 @@ class ServeProcess:
                 env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
                 start_new_session=True,
             )
-        deadline = time.monotonic() + ready_timeout
-        while not re.search(r"^session-router: ready\b", text := log.read_text(), re.M):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                kill_session(proc.pid)
-                raise AssertionError(
-                    f"`{' '.join(cmd)}` did not print its ready line (exit status "
-                    f"{proc.poll()}); its output:\n{tail(log)}"
-                )
-            time.sleep(0.2)
+        ready = re.compile(r"^session-router: ready\b", re.M)
+        text = wait_ready(
+            proc, log, lambda: ready.search(t := log.read_text()) and t, ready_timeout, cmd[3:5]
+        )
         grpc_line = re.search(r"^session-router: gRPC listening on (127\.0\.0\.1:\d+)$", text, re.M)
         metrics_line = re.search(
             r"^session-router: metrics on (http://127\.0\.0\.1:\d+/metrics)$", text, re.M
