@@ -143,7 +143,7 @@ class ServerThread:
 def opens_waiting(server: ServerThread) -> int:
     """OpenSession calls the router is placing now (on a full cluster: waiting for room), read
     from the router actor's table of opens in flight."""
-    count = server.server.router.__ray_call__.remote(lambda router: len(router._opening))
+    count = server.server.router.__ray_call__.remote(lambda router: len(router.opener.running))
     return ray.get(count, timeout=30)
 
 
