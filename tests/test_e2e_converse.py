@@ -58,15 +58,16 @@ def test_converse_barge_in(server, client):
     q, call, opened = converse(client)
     assert opened.session_id and opened.replica_id in server.replicas
     q.put(pb.ConverseRequest(input=generate_request(tokens=tokens(3), max_new_tokens=400)))
-    first_turn, second_turn, reasons = [], [], []
+    first_turn, second_turn, reasons, barged = [], [], [], False
     for response in call:
         chunk = response.chunk
         if not reasons:
             first_turn.extend(chunk.token_ids)
-            if len(first_turn) == 3:  # barge in while the first turn generates
+            if len(first_turn) >= 3 and not barged:  # barge in while the first turn generates
                 q.put(
                     pb.ConverseRequest(input=generate_request(tokens=tokens(4), max_new_tokens=5))
                 )
+                barged = True
         else:
             second_turn.extend(chunk.token_ids)
         if chunk.finish_reason:
@@ -128,13 +129,14 @@ def test_the_interrupt_message_ends_the_running_turn(server, client):
     q, call, opened = converse(client)
     q.put(pb.ConverseRequest(interrupt=pb.Interrupt()))  # nothing runs: nothing to end
     q.put(pb.ConverseRequest(input=generate_request(tokens=tokens(7), max_new_tokens=400)))
-    streamed = 0
+    streamed, interrupted = 0, False
     for response in call:
         streamed += len(response.chunk.token_ids)
         if response.chunk.finish_reason:
             break
-        if streamed == 3:
+        if streamed >= 3 and not interrupted:
             q.put(pb.ConverseRequest(interrupt=pb.Interrupt()))
+            interrupted = True
     first = response.chunk
     assert first.finish_reason == pb.FINISH_REASON_INTERRUPTED
     assert 3 <= streamed < 400

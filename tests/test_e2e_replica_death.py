@@ -121,7 +121,7 @@ def test_router_detects_a_silent_death(server):
         0.2,
         "the router to mark the silent replica DEAD",
     )
-    alive = [r for r in server.replicas if state_of(r) == pb.REPLICA_STATE_HEALTHY]
+    alive = [r.replica_id for r in client.replicas() if r.state == pb.REPLICA_STATE_HEALTHY]
     assert alive and added not in alive
     sessions = [client.open() for _ in range(3)]
     assert {s.replica_id for s in sessions} <= set(alive)
