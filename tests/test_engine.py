@@ -504,8 +504,8 @@ def test_close_all_during_turns():
 
 
 def test_idle_sessions_are_released():
-    engine = make_engine(pools(), session_idle_timeout_s=0.05)
-    engine.sessions.clock = clock = FakeClock()
+    clock = FakeClock()
+    engine = make_engine(pools(), clock=clock, session_idle_timeout_s=0.05)
     engine.open_session("a")
     engine.open_session("b", idle_timeout_s=60.0)  # capped by the server's 0.05 s
     run_turn(engine, "a", [1, 2, 3], greedy(2))

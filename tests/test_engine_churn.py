@@ -24,6 +24,7 @@ ACTIONS = ("finish", "finish", "finish", "interrupt", "cancel", "close", "idle")
 class Driver:
     def __init__(self, seed: int) -> None:
         self.rng = random.Random(seed)
+        self.clock = FakeClock()
         self.engine = make_engine(
             PoolConfig(
                 max_sessions=CONCURRENCY + LINGER,
@@ -34,9 +35,8 @@ class Driver:
             ),
             max_prefill_chunk=16,
             session_idle_timeout_s=IDLE_TIMEOUT_S,
+            clock=self.clock,
         )
-        self.clock = FakeClock()
-        self.engine.sessions.clock = self.clock
         self.opened = 0
         self.active: dict[str, dict] = {}  # session -> its plan; running or between turns
         self.lingering: set[str] = set()  # left to the idle timeout

@@ -61,15 +61,15 @@ def make_machine(failpoints: frozenset[str] = frozenset()):
                 mamba_track_buffers=track,
                 max_context=MAX_CONTEXT,
             )
+            self.clock = FakeClock()
             self.engine = make_engine(
                 pools,
+                clock=self.clock,
                 max_prefill_chunk=8,
                 max_batch_tokens=16,
                 session_idle_timeout_s=DEFAULT_TIMEOUT_S,
                 failpoints=failpoints,
             )
-            self.clock = FakeClock()
-            self.engine.sessions.clock = self.clock
             self.model = EngineModel(self.cap, MAX_CONTEXT, VOCAB, DEFAULT_TIMEOUT_S)
             self.known: list[str] = []  # every id opened or refused, closed ones included
             for timeout_s in initial:
@@ -113,7 +113,7 @@ def make_machine(failpoints: frozenset[str] = frozenset()):
             if req is None:
                 return
             s = self.model.sessions[sid]
-            s.turn = ModelTurn(req.rid, tuple(ids), sampling)
+            s.turn, s.last_active = ModelTurn(req.rid, tuple(ids), sampling), self.clock.now
             if not ids and not s.pending:  # nothing to fold in or generate: done at once
                 self.process(self.engine.take_events())
             else:

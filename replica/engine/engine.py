@@ -17,7 +17,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from replica.accounting import InvariantChecker, count_pools
 from replica.api import (
@@ -53,7 +53,10 @@ class Engine:
         model: HybridModel,
         tokenizer: Tokenizer,
         replica_id: str = "replica-0",
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``clock`` is what idle timeouts and stream leases are measured by (tests pass
+        their own)."""
         self.config = config
         self.replica_id = replica_id
         self.incarnation = uuid.uuid4().hex[:12]
@@ -63,6 +66,7 @@ class Engine:
         self.sessions = StreamingSession(
             self.pool,
             config.session_idle_timeout_s,
+            clock=clock,
             failpoints=config.failpoints,
             parker=Parker.build(self.pool, model.cfg, config.pools),
         )

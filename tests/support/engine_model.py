@@ -134,7 +134,8 @@ class EngineModel:
     def end_turn(
         self, sid: str, s: ModelSession, committed: int, pending: tuple[int, ...], now: float
     ) -> None:
-        """The turn is over; an admitted turn's end counts as activity."""
+        """The turn is over; an admitted turn's end counts as activity (as do the session's
+        open and every turn submitted on it)."""
         if s.turn.admitted:
             s.last_active = now
         elif sid in self.waiting:  # a refused turn has left the queue already
