@@ -218,11 +218,15 @@ class ReplicaActor:
     async def check_invariant(self) -> PoolSnapshot | ActorError:
         return await self._call(self.engine.check_invariant)
 
-    async def drain(self, draining: bool = True) -> None:
-        def set_draining() -> None:
-            self.engine.draining = draining
+    async def drain(self, draining: bool = True) -> PoolSnapshot | ActorError:
+        """Drain (or resume) the replica; returns the snapshot taken right after, which says
+        so, for the router to place by at once."""
 
-        await self._call(set_draining)
+        def set_draining() -> PoolSnapshot:
+            self.engine.draining = draining
+            return self.engine.snapshot()
+
+        return await self._call(set_draining)
 
     async def ping(self) -> bool:
         await self._ensure_started()

@@ -102,3 +102,20 @@ def test_the_router_tries_another_replica_when_the_chosen_one_refuses(
         s.close()
     ray.get(handle.close_sessions.remote(direct))
     server.wait_at_capacity(alive)
+
+
+def test_placement_sees_a_resume_at_once_not_at_the_next_report(server, silent_replica, client):
+    """ResumeReplica takes effect for placement at once. The silent replica never reports, so
+    the snapshot the router holds is the one of its last close reply, taken while it drained."""
+    first = client.open()  # ties go to replica-0
+    second = client.open()  # the silent replica has more room now
+    assert (first.replica_id, second.replica_id) == ("replica-0", silent_replica)
+    client.admin.DrainReplica(pb.DrainReplicaRequest(replica_id=silent_replica))
+    assert second.close() is True  # its reply's snapshot says "draining"
+    reply = client.admin.ResumeReplica(pb.ResumeReplicaRequest(replica_id=silent_replica))
+    assert reply.replica.state == pb.REPLICA_STATE_HEALTHY
+    third = client.open()  # the silent replica is empty, replica-0 holds one session
+    assert third.replica_id == silent_replica
+    for s in (first, third):
+        assert s.close() is True
+    server.wait_at_capacity([first.replica_id, third.replica_id])

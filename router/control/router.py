@@ -139,8 +139,10 @@ class SessionRouter:
                 "place (see ListReplicas)",
             )
         if entry.health != ReplicaHealth.DEAD:
-            await entry.handle.drain.remote(draining)
+            snapshot = await entry.handle.drain.remote(draining)
             entry.health = ReplicaHealth.DRAINING if draining else ReplicaHealth.HEALTHY
+            if isinstance(snapshot, PoolSnapshot):  # placement must not wait for the next report
+                entry.take(snapshot)
         return self._view(replica_id)
 
     def _view(self, replica_id: str) -> ReplicaView:
