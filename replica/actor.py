@@ -173,7 +173,8 @@ class ReplicaActor(SessionsAPI, SessionMovesAPI, CheckpointsAPI):
         return await self._call(self.engine.check_invariant)
 
     async def drain(self, draining: bool = True) -> PoolSnapshot | ActorError:
-        """Take no new session (or take them again); the snapshot right after says so."""
+        """Drain (or resume) the replica; returns the snapshot taken right after, which says
+        so, for the router to place by at once."""
 
         def set_draining() -> PoolSnapshot:
             self.engine.draining = draining
@@ -191,7 +192,17 @@ class ReplicaActor(SessionsAPI, SessionMovesAPI, CheckpointsAPI):
         async for batch in self.outputs.stream(gateway_id):
             yield batch
 
-    async def shutdown(self) -> None:
-        if self._async is not None:
-            await self._call(self.engine.close_all, ReleaseReason.ABORTED)
-            self._async.stop()
+    async def shutdown(self) -> int:
+        """Release every session (reason ``aborted``) and stop the engine; returns how many
+        sessions it released."""
+        if self._async is None:
+            return 0
+
+        def release_all() -> int:
+            count = len(self.engine.sessions)
+            self.engine.close_all(ReleaseReason.ABORTED)
+            return count
+
+        released = await self._call(release_all)
+        self._async.stop()
+        return released if isinstance(released, int) else 0

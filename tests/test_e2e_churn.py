@@ -17,7 +17,7 @@ import ray
 
 from protos import session_router_pb2 as pb
 from router.client import AsyncSessionClient, generate_request
-from tests.support.cluster import ServerThread
+from tests.support.cluster import ServerThread, wait_for
 
 SESSIONS = 500
 CLIENTS = 16
@@ -206,10 +206,11 @@ def test_churn_leaves_every_pool_at_capacity(server):
 
     # idle timeouts and stream ends land within seconds
     server.wait_at_capacity(timeout=IDLE_TIMEOUT_S + 10)
-    deadline = time.monotonic() + 5
-    while ray.get(server.server.router.session_count.remote()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert ray.get(server.server.router.session_count.remote()) == 0, "the router still pins"
+    wait_for(
+        lambda: ray.get(server.server.router.session_count.remote()) == 0,
+        10,
+        what="the router's table to be empty",
+    )
 
     snaps = server.snapshots()
     assert sum(s.sessions_opened_total for s in snaps.values()) == SESSIONS

@@ -9,7 +9,8 @@ The test kills a replica, so the module has its own Server.
 
 from __future__ import annotations
 
-import time
+import os
+import signal
 
 import grpc
 import pytest
@@ -47,7 +48,6 @@ def test_replica_death(server):
     # a turn streaming on the victim when it dies ends with ABORTED; it does not hang
     streaming = doomed[0].generate(tokens=[7, 8], max_new_tokens=400, timeout=30)
     next(streaming)
-    killed = time.monotonic()
     ray.kill(server.replicas[victim], no_restart=True)
     try:
         for _ in streaming:
@@ -55,9 +55,8 @@ def test_replica_death(server):
     except grpc.RpcError as exc:
         assert exc.code() == grpc.StatusCode.ABORTED, exc
         assert "open a new session" in exc.details()
-    else:
+    else:  # a turn that hung instead would end DEADLINE_EXCEEDED after the call's 30 s
         raise AssertionError("the turn streaming on the dead replica ended normally")
-    assert time.monotonic() - killed < 10
 
     for s in doomed:
         err = rpc_error(s.generate, tokens=[9], max_new_tokens=2)
@@ -116,7 +115,6 @@ def test_router_detects_a_silent_death(server):
         "the new replica's first snapshot",
     )
     assert state_of(added) == pb.REPLICA_STATE_HEALTHY
-    killed = time.monotonic()
     ray.kill(server.replicas[added], no_restart=True)
     wait_for(
         lambda: state_of(added) == pb.REPLICA_STATE_DEAD,
@@ -124,8 +122,7 @@ def test_router_detects_a_silent_death(server):
         0.2,
         "the router to mark the silent replica DEAD",
     )
-    assert time.monotonic() - killed >= STALE_AFTER_S - 1.5  # it was the router's own check
-    alive = [r for r in server.replicas if state_of(r) == pb.REPLICA_STATE_HEALTHY]
+    alive = [r.replica_id for r in client.replicas() if r.state == pb.REPLICA_STATE_HEALTHY]
     assert alive and added not in alive
     sessions = [client.open() for _ in range(3)]
     assert {s.replica_id for s in sessions} <= set(alive)
@@ -168,27 +165,43 @@ def test_router_restart_rebuilds_the_session_table(server):
     client.close()
 
 
-def test_a_replica_declared_dead_by_mistake_is_killed_and_replaced(server):
-    """A false alarm (say a long pause made its snapshots stale): the router declared a live
-    replica dead and told its sessions' clients ABORTED. Its state must not come back, so the
-    serve process kills it for good and a replacement takes its place."""
+def test_a_paused_replica_is_declared_dead_killed_and_replaced(server):
+    """Real stale-snapshot detection: the replica's process is paused (SIGSTOP), so its snapshots
+    stop and it answers no ping; the router declares it dead on its own and its sessions' clients
+    get ABORTED. Had it only been slow, its state still must not come back: the serve process
+    kills it for good and a replacement takes its place."""
     client = SessionClient(server.address)
     alive = server.wait_healed()
     sessions = [client.open() for _ in range(2 * len(alive))]
     victim = sessions[0].replica_id
     handle = server.replicas[victim]
     mine = [s for s in sessions if s.replica_id == victim]
-    ray.get(server.server.router.replica_failed.remote(victim, "false alarm in a test"))
+    pid = ray.get(handle.__ray_call__.remote(lambda actor: os.getpid()))
 
     def aborted(session) -> bool:  # the gateway follows the router's verdict within a poll
         try:
-            drain_stream(session.generate(tokens=[1], max_new_tokens=1))
+            drain_stream(session.generate(tokens=[1], max_new_tokens=1, timeout=5))
         except grpc.RpcError as exc:
             return exc.code() == grpc.StatusCode.ABORTED
         return False
 
-    for s in mine:
-        wait_for(lambda s=s: aborted(s), 5, 0.2, "calls on the dead replica's sessions to abort")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_for(
+            lambda: (
+                {r.replica_id: r.state for r in client.replicas()}[victim] == pb.REPLICA_STATE_DEAD
+            ),
+            STALE_AFTER_S * 5,
+            0.2,
+            "the router to declare the paused replica dead",
+        )
+        for s in mine:
+            wait_for(lambda s=s: aborted(s), 10, 0.2, "calls on its sessions to abort")
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)  # so that the kill can land if it has not yet
+        except ProcessLookupError:
+            pass
     live = server.wait_healed()
     assert victim not in live
     with pytest.raises(ray.exceptions.RayActorError):

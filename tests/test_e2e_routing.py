@@ -1,22 +1,28 @@
-"""End to end: sessions stick to their replica, turns continue from saved state, Converse
-barge-in and client cancels, and OpenSession waiting for room on full replicas.
+"""End to end: sessions stick to their replica, turns continue from saved state, a Generate whose
+deadline passes is cancelled and rolled back, CloseSession during a turn ends it, a shorter
+idle timeout is honoured, and OpenSession waits for room on full replicas.
 
 A real ``Server`` (local Ray, two tiny-bamba replicas, loopback gRPC) is shared by the module.
 """
 
 from __future__ import annotations
 
-import queue
 import threading
-import time
 
 import grpc
 import pytest
 import ray
 
 from protos import session_router_pb2 as pb
-from router.client import SessionClient, generate_request
-from tests.support.cluster import ServerThread, drain_stream, rpc_error, wait_for
+from router.client import SessionClient
+from tests.support.cluster import (
+    ServerThread,
+    drain_stream,
+    opens_waiting,
+    rpc_error,
+    tokens,
+    wait_for,
+)
 
 OPEN_TIMEOUT_S = 3.0
 
@@ -32,17 +38,6 @@ def server(ray_cluster):
 def client(server):
     with SessionClient(server.address) as c:
         yield c
-
-
-def tokens(seed: int, n: int = 8) -> list[int]:
-    return [(seed * 31 + i * 7) % 250 + 1 for i in range(n)]
-
-
-def open_requests(q: queue.Queue):
-    """A Converse request iterator: ``open`` first, then whatever is put on ``q`` (None ends)."""
-    yield pb.ConverseRequest(open=pb.OpenSessionRequest())
-    while (item := q.get()) is not None:
-        yield item
 
 
 def test_every_turn_runs_on_the_pinned_replica(server, client):
@@ -82,78 +77,19 @@ def test_second_turn_continues_from_the_first(server, client):
     server.wait_at_capacity()
 
 
-def test_converse_barge_in(server, client):
-    q: queue.Queue = queue.Queue()
-    call = client.sessions.Converse(open_requests(q), timeout=60)
-    opened = next(call).opened
-    assert opened.session_id and opened.replica_id in server.replicas
-    q.put(pb.ConverseRequest(input=generate_request(tokens=tokens(3), max_new_tokens=400)))
-    first_turn, second_turn, reasons = [], [], []
-    for response in call:
-        chunk = response.chunk
-        if not reasons:
-            first_turn.extend(chunk.token_ids)
-            if len(first_turn) == 3:  # barge in while the first turn generates
-                q.put(
-                    pb.ConverseRequest(input=generate_request(tokens=tokens(4), max_new_tokens=5))
-                )
-        else:
-            second_turn.extend(chunk.token_ids)
-        if chunk.finish_reason:
-            reasons.append(chunk.finish_reason)
-            if len(reasons) == 2:
-                q.put(None)  # half-close: the stream ends after the turn in flight
-    assert reasons == [pb.FINISH_REASON_INTERRUPTED, pb.FINISH_REASON_LENGTH]
-    assert 3 <= len(first_turn) < 400
-    assert len(second_turn) == 5
-    assert call.code() == grpc.StatusCode.OK
-    wait_for(
-        lambda: opened.session_id not in server.sessions_on()[opened.replica_id],
-        2.0,
-        what="the half-closed stream's session to be released",
-    )
-    server.wait_at_capacity()
-
-
-def test_converse_cancel_releases_the_session(server, client):
-    q: queue.Queue = queue.Queue()
-    call = client.sessions.Converse(open_requests(q), timeout=60)
-    opened = next(call).opened
-    q.put(pb.ConverseRequest(input=generate_request(tokens=tokens(5), max_new_tokens=400)))
-    got = 0
-    for response in call:
-        got += len(response.chunk.token_ids)
-        if got >= 3:
-            break
-    assert opened.session_id in server.sessions_on()[opened.replica_id]
-    call.cancel()
-    wait_for(
-        lambda: opened.session_id not in server.sessions_on()[opened.replica_id],
-        1.0,
-        what="the cancelled stream's session to be released (within a second)",
-    )
-    assert (
-        rpc_error(
-            client.sessions.GetSession, pb.GetSessionRequest(session_id=opened.session_id)
-        ).code()
-        == grpc.StatusCode.NOT_FOUND
-    )
-    q.put(None)
-    server.wait_at_capacity()
-
-
 def test_open_waits_for_room_then_fails_or_succeeds(server, client):
     capacity = server.config.replicas * server.config.replica.pools.max_sessions
     sessions = [client.open() for _ in range(capacity)]
     held = server.sessions_on()
     assert all(len(held[r]) == server.config.replica.pools.max_sessions for r in held)
 
-    started = time.monotonic()
+    # while it waits for room, a client deadline shorter than the wait passes first ...
+    err = rpc_error(client.open, timeout=OPEN_TIMEOUT_S / 3)
+    assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED, err
+    # ... and when no room comes, the server gives up after --open-timeout-s
     err = rpc_error(client.open)
-    waited = time.monotonic() - started
     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err
     assert err.details()
-    assert waited >= OPEN_TIMEOUT_S - 0.5, f"OpenSession failed after {waited:.2f}s, no wait"
 
     result: dict = {}
 
@@ -165,8 +101,7 @@ def test_open_waits_for_room_then_fails_or_succeeds(server, client):
 
     opener = threading.Thread(target=open_one)
     opener.start()
-    time.sleep(0.5)  # the open is now waiting for room
-    assert "session" not in result and "error" not in result
+    wait_for(lambda: opens_waiting(server) == 1, 10, what="the open to wait for room")
     freed = sessions.pop()
     assert freed.close() is True
     opener.join(30)
@@ -176,4 +111,46 @@ def test_open_waits_for_room_then_fails_or_succeeds(server, client):
     sessions.append(newcomer)
     for s in sessions:
         assert s.close() is True
+    server.wait_at_capacity()
+
+
+def test_a_generate_whose_deadline_passes_is_cancelled_and_rolled_back(server, client):
+    with client.open() as s:
+        _, _, before = drain_stream(s.generate(tokens=tokens(3), max_new_tokens=4))
+        err = rpc_error(s.generate, tokens=tokens(4), max_new_tokens=480, timeout=0.25)
+        assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED, err
+
+        def settled() -> bool:
+            got = client.sessions.GetSession(pb.GetSessionRequest(session_id=s.id))
+            return not got.turn_running and got.committed_tokens == before
+
+        wait_for(settled, 10, what="the turn to be cancelled and the session rolled back")
+        _, reason, after = drain_stream(s.generate(tokens=tokens(5), max_new_tokens=3))
+        assert (reason, after) == (pb.FINISH_REASON_LENGTH, before + 8 + 3)
+    server.wait_at_capacity()
+
+
+def test_close_session_during_a_turn_ends_the_turn_and_frees_everything(server, client):
+    s = client.open()
+    streaming = s.generate(tokens=tokens(6), max_new_tokens=480, timeout=60)
+    next(streaming)
+    assert client.close_session(s.id) is True
+    err = rpc_error(lambda: streaming)
+    assert err.code() == grpc.StatusCode.CANCELLED and "closed" in err.details(), err
+    get = rpc_error(client.sessions.GetSession, pb.GetSessionRequest(session_id=s.id))
+    assert get.code() == grpc.StatusCode.NOT_FOUND
+    server.wait_at_capacity()
+
+
+def test_a_shorter_idle_timeout_is_honoured(server, client):
+    short, default = client.open(idle_timeout_s=1.0), client.open()
+    wait_for(
+        lambda: short.id not in server.sessions_on()[short.replica_id],
+        15,
+        what="the session that asked for 1 s to be released when idle",
+    )
+    assert default.id in server.sessions_on()[default.replica_id]  # the default is 300 s
+    err = rpc_error(short.generate, tokens=[1], max_new_tokens=1)
+    assert err.code() == grpc.StatusCode.NOT_FOUND, err
+    assert default.close() is True
     server.wait_at_capacity()

@@ -3,8 +3,8 @@ interface by default while the start-up line printed 127.0.0.1, there was no TLS
 could drain every replica and a drain could not be undone.
 
 The module's server runs with the defaults for --host, TLS with client certificates required
-(--tls-cert/--tls-key/--tls-client-ca, certificates made here) and API keys (two tenants and an
-admin).
+(--tls-cert/--tls-key/--tls-client-ca, certificates made here) and API keys (a tenant and an
+admin from the keys file, one more tenant from ``SESSION_ROUTER_API_KEYS``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from tests.support.cluster import ServerThread, drain_stream, rpc_error, wait_fo
 from tests.support.tls import CertificateAuthority
 
 TENANT, ADMIN = "tenant-key-1234567890", "admin-key-0987654321"
+FROM_ENV = "globex-key-4444444444"
 Code = grpc.StatusCode
 
 
@@ -42,12 +43,15 @@ def pki(tmp_path_factory):
 def server(ray_cluster, pki, tmp_path_factory):
     keys = tmp_path_factory.mktemp("keys") / "api-keys"
     keys.write_text(f"{TENANT} acme\n{ADMIN} ops admin\n")
-    srv = ServerThread(
-        api_keys=str(keys),
-        tls_cert=pki["server"].cert,
-        tls_key=pki["server"].key,
-        tls_client_ca=pki["ca"],
-    ).start()
+    with pytest.MonkeyPatch.context() as env:  # read once, when the server is made
+        env.setenv("SESSION_ROUTER_API_KEYS", f"{FROM_ENV}:globex")
+        srv = ServerThread(
+            api_keys=str(keys),
+            tls_cert=pki["server"].cert,
+            tls_key=pki["server"].key,
+            tls_client_ca=pki["ca"],
+        )
+    srv.start()
     yield srv
     srv.stop()
 
@@ -191,3 +195,30 @@ def test_a_dead_replica_cannot_be_resumed(server, pki):
     live = server.wait_healed()
     wait_for(lambda: victim not in server.replicas, 10, 0.1, "the dead replica to be removed")
     server.wait_at_capacity(live)
+
+
+def test_keys_from_the_environment_and_the_x_api_key_header(server, pki):
+    """globex's key comes from SESSION_ROUTER_API_KEYS (acme's from the file); either kind of
+    key works as ``authorization: Bearer KEY`` and as ``x-api-key: KEY``."""
+    with (
+        client(server, pki, FROM_ENV) as globex,
+        client(server, pki, TENANT) as acme,
+        globex.open() as g,
+        acme.open() as a,
+    ):
+        drain_stream(g.generate(tokens=[1], max_new_tokens=2))
+        for key, session in ((FROM_ENV, g), (TENANT, a)):
+            header = (("x-api-key", key),)
+            got = globex.sessions.GetSession(
+                pb.GetSessionRequest(session_id=session.id), metadata=header
+            )
+            assert got.session_id == session.id
+        err = rpc_error(acme.generate, g.id, tokens=[1], max_new_tokens=2)
+        assert err.code() == Code.PERMISSION_DENIED, err
+        err = rpc_error(
+            globex.sessions.GetSession,
+            pb.GetSessionRequest(session_id=g.id),
+            metadata=(("x-api-key", "not-a-key"),),
+        )
+        assert err.code() == Code.UNAUTHENTICATED, err
+    server.wait_at_capacity()

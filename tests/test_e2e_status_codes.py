@@ -2,12 +2,11 @@
 each with a message; CloseSession idempotence, GetSession, health and reflection.
 
 The module's server has API keys on (tenants alice and bob, and an admin key, from a keys file).
-The ABORTED test kills a replica, so it runs last.
+The ABORTED test kills a replica and waits for its replacement, so the tests run in any order.
 """
 
 from __future__ import annotations
 
-import queue
 import secrets
 
 import grpc
@@ -94,6 +93,11 @@ def test_invalid_argument(server, alice):
             pb.OpenSessionRequest(idle_timeout_s=-1),
             metadata=alice.metadata,
         )
+        no_input = pb.GenerateRequest(session_id=s.id, sampling=pb.SamplingParams(max_new_tokens=2))
+        err = expect(
+            Code.INVALID_ARGUMENT, alice.sessions.Generate, no_input, metadata=alice.metadata
+        )
+        assert "give text or tokens" in err.details()
         # none of the refusals touched the session: a valid turn still runs from scratch
         ids, reason, committed = drain_stream(s.generate(tokens=[1, 2], max_new_tokens=3))
         assert len(ids) == 3 and reason == pb.FINISH_REASON_LENGTH and committed == 5
@@ -164,6 +168,18 @@ def test_unauthenticated(server, alice):
     server.wait_at_capacity()
 
 
+def test_session_ids_are_128_bit_random(server, alice):
+    sessions = [alice.open() for _ in range(2 * server.config.replica.pools.max_sessions)]
+    ids = [s.id for s in sessions]
+    for s in sessions:
+        s.close()
+    assert all(len(i) == 32 and int(i, 16) < 2**128 for i in ids), ids  # 32 hex digits
+    assert len(set(ids)) == len(ids)
+    # random, not counted: every hex digit position varies across the ids
+    assert all(len({i[k] for i in ids}) > 1 for k in range(32)), ids
+    server.wait_at_capacity()
+
+
 def test_permission_denied(server, alice, bob):
     with alice.open() as s:
         expect(Code.PERMISSION_DENIED, bob.generate, s.id, tokens=[1], max_new_tokens=2)
@@ -214,39 +230,11 @@ def test_health_and_reflection(server):
     server.assert_no_leaks(at_capacity=True)
 
 
-def test_converse_refused_input_ends_stream_and_releases(server, alice):
-    """A refused input in a Converse ends the stream with its code; the session is released."""
-    q: queue.Queue = queue.Queue()
-
-    def requests():
-        yield pb.ConverseRequest(open=pb.OpenSessionRequest())
-        while (item := q.get()) is not None:
-            yield item
-
-    call = alice.sessions.Converse(requests(), metadata=alice.metadata, timeout=30)
-    opened = next(call).opened
-    q.put(pb.ConverseRequest(input=generate_request(tokens=[1, 10_000], max_new_tokens=2)))
-    try:
-        for _ in call:
-            pass
-    except grpc.RpcError as exc:
-        assert exc.code() == Code.INVALID_ARGUMENT and exc.details()
-    else:
-        raise AssertionError("a refused input did not end the stream")
-    finally:
-        q.put(None)
-    wait_for(
-        lambda: opened.session_id not in server.sessions_on()[opened.replica_id],
-        2.0,
-        what="the Converse session to be released",
-    )
-    server.wait_at_capacity()
-
-
 def test_aborted_after_the_replica_died(server, alice):
-    """Runs last: it kills one of the module's replicas, and first its checkpoint store, so
-    that its sessions' state is gone (with it, they would be restored elsewhere:
-    tests/test_e2e_failover.py)."""
+    """Kills one of the module's replicas, and first its checkpoint store, so that its
+    sessions' state is gone (with it, they would be restored elsewhere:
+    tests/test_e2e_failover.py); the test ends when the replacement has joined."""
+    server.wait_healed()
     sessions = [alice.open() for _ in range(4)]
     victim = sessions[0].replica_id
     for s in sessions:
@@ -281,3 +269,4 @@ def test_aborted_after_the_replica_died(server, alice):
             "the replica to be marked DEAD",
         )
     server.wait_at_capacity(survivors)
+    server.wait_at_capacity(server.wait_healed())

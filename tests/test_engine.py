@@ -29,6 +29,7 @@ from tests.support.engine import (
     session_state,
     token_ids,
 )
+from tests.support.pools import FakeClock
 
 
 def pools(**kwargs) -> PoolConfig:
@@ -503,17 +504,17 @@ def test_close_all_during_turns():
 
 
 def test_idle_sessions_are_released():
-    engine = make_engine(pools(), session_idle_timeout_s=0.05)
+    clock = FakeClock()
+    engine = make_engine(pools(), clock=clock, session_idle_timeout_s=0.05)
     engine.open_session("a")
     engine.open_session("b", idle_timeout_s=60.0)  # capped by the server's 0.05 s
     run_turn(engine, "a", [1, 2, 3], greedy(2))
     engine.submit("b", [4, 5], greedy(2))  # a waiting turn keeps its session
-    import time
-
-    time.sleep(0.1)
+    clock.now += 0.1
     assert engine.release_idle() == ["a"]
-    drain(engine)
-    time.sleep(0.1)
+    drain(engine)  # b's turn ends now: it was active just now
+    assert engine.release_idle() == []
+    clock.now += 0.1
     assert engine.release_idle() == ["b"]
     assert engine.sessions.released_total["idle_timeout"] == 2
     close_and_check(engine)

@@ -1,27 +1,30 @@
 """Churn: 2,000 short sessions through one engine, up to 16 at once, with every way a session and
 its turns can end (finish, stop, interrupt, cancel, close mid-turn, idle timeout). The strict
 invariant runs whenever the engine goes idle and every few dozen steps; at the end every pool is
-back at capacity and nothing leaked."""
+back at capacity and nothing leaked. The sessions' clock is the test's: each engine step takes
+``STEP_S`` of it, so which sessions expire does not depend on how fast the machine is."""
 
 from __future__ import annotations
 
 import random
-import time
 
-from replica.api import FinishReason, SamplingParams
+from replica.api import FinishReason, SamplingParams, StatusCode
 from replica.config import PoolConfig
 from tests.support.engine import assert_engine_at_capacity, drain, make_engine
+from tests.support.pools import FakeClock
 
 SESSIONS = 2000
 CONCURRENCY = 16
 LINGER = 8  # sessions left open to expire by idle timeout, at most this many at once
 IDLE_TIMEOUT_S = 0.02
+STEP_S = 0.01  # the clock time one engine step takes
 ACTIONS = ("finish", "finish", "finish", "interrupt", "cancel", "close", "idle")
 
 
 class Driver:
     def __init__(self, seed: int) -> None:
         self.rng = random.Random(seed)
+        self.clock = FakeClock()
         self.engine = make_engine(
             PoolConfig(
                 max_sessions=CONCURRENCY + LINGER,
@@ -32,6 +35,7 @@ class Driver:
             ),
             max_prefill_chunk=16,
             session_idle_timeout_s=IDLE_TIMEOUT_S,
+            clock=self.clock,
         )
         self.opened = 0
         self.active: dict[str, dict] = {}  # session -> its plan; running or between turns
@@ -93,7 +97,7 @@ class Driver:
                 continue
             del self.turn_of[event.turn_id]
             if event.error_code is not None:
-                assert event.error_code == "CANCELLED", event
+                assert event.error_code == StatusCode.CANCELLED, event
                 self.ended["cancelled"] += 1
             elif event.finish_reason is FinishReason.INTERRUPTED:
                 self.ended["interrupted"] += 1
@@ -127,6 +131,7 @@ class Driver:
                 pause = self.opened % 200 == 0
             self.mid_turn_actions()
             self.on_events(engine.step())
+            self.clock.now += STEP_S
             steps += 1
             if steps % 25 == 0:
                 engine.check_invariant()
@@ -139,11 +144,10 @@ class Driver:
 
 def test_churn_2000_sessions():
     driver = Driver(seed=0)
-    start = time.monotonic()
     driver.run()
     engine = driver.engine
     assert driver.opened == SESSIONS
-    time.sleep(IDLE_TIMEOUT_S * 2)
+    driver.clock.now += IDLE_TIMEOUT_S * 2
     engine.release_idle()
     released = engine.sessions.released_total
     assert engine.sessions.opened_total == SESSIONS
@@ -153,4 +157,3 @@ def test_churn_2000_sessions():
     assert len(engine.sessions) == 0
     assert engine.checker.violations == 0
     assert_engine_at_capacity(engine)
-    assert time.monotonic() - start < 120

@@ -7,7 +7,6 @@ nullable are honoured, and list-type map/set items must be unique. CEL rules
 """
 
 import copy
-import os
 from pathlib import Path
 
 import jsonschema
@@ -16,20 +15,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 KUBERAY_DIR = REPO / "deploy" / "kuberay"
-CRD_NAME = "ray.io_rayclusters.yaml"
-
-
-def crd_path():
-    shared = os.environ.get("SESSION_ROUTER_SHARED")
-    candidates = [Path(shared) / "kuberay" / CRD_NAME] if shared else []
-    candidates.append(REPO.parent / "shared" / "kuberay" / CRD_NAME)
-    for path in candidates:
-        if path.is_file():
-            return path
-    pytest.fail(
-        f"KubeRay CRD {CRD_NAME} not found (looked at {', '.join(map(str, candidates))}); "
-        "set SESSION_ROUTER_SHARED to the folder that holds kuberay/" + CRD_NAME
-    )
+CRD = REPO / "tests" / "schemas" / "ray.io_rayclusters.yaml"  # KubeRay's, vendored
 
 
 Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -132,7 +118,7 @@ def raycluster():
 
 @pytest.fixture(scope="module")
 def validator(raycluster):
-    with open(crd_path()) as f:
+    with open(CRD) as f:
         crd = yaml.load(f, Loader=Loader)
     assert raycluster["kind"] == crd["spec"]["names"]["kind"]
     schema = to_json_schema(served_schema(crd, raycluster["apiVersion"]))

@@ -24,9 +24,15 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from replica.api import PoolExhaustedError, ReleaseReason
 from replica.sessions.request import Req
@@ -297,6 +303,4 @@ def make_machine(page: int, track: int):
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("track", [0, 1, 2])
 def test_parking_state_machine(page_size, track):
-    machine = make_machine(page_size, track)
-    machine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
-    machine.TestCase().runTest()
+    run_state_machine_as_test(make_machine(page_size, track))

@@ -1,43 +1,57 @@
 """Property-based test of the pools alone: random sequence growth and truncation in the paged KV
 pool, mamba and row allocation and frees (valid and invalid), checked against a plain model.
 
-After every step: no KV slot is owned by two sequences, every sequence's positions map into
-pages it owns, the free counts equal capacity minus what the model says is held, and the
-allocators' own integrity checks pass. Runs for page sizes 1 and 16, and for both shapes of
-recurrent state (Mamba2, gated DeltaNet).
+The model (each sequence's length, the configured sizes) alone decides whether an allocation or a
+growth must fit. After every step: no KV slot is owned by two sequences, every sequence's positions
+map into pages it owns, the free counts equal capacity minus what the model says is held, and the
+allocators' own integrity checks pass. Runs for both shapes of recurrent state (Mamba2, gated
+DeltaNet); the page size (1 or 16) is drawn per example.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from replica.api import PoolExhaustedError, SlotStateError
-from replica.pools.kv_pool import pages_for
+from replica.model.config import ModelConfig
+from tests.support.pool_oracle import Capacity
 from tests.support.pools import STATE_MODELS, make_pools
 
+MAX_SEQS, KV_TOKENS, TRACK = 6, 128, 1
 
-def make_machine(page_size: int, model):
+
+def make_machine(state_model: ModelConfig):
     class PoolMachine(RuleBasedStateMachine):
-        def __init__(self) -> None:
-            super().__init__()
+        @initialize(page_size=st.sampled_from([1, 16]))
+        def build(self, page_size):
+            self.cap = Capacity(MAX_SEQS, TRACK, KV_TOKENS, page_size)
             self.pool, _, _ = make_pools(
-                max_sessions=6,
-                kv_tokens=128,
+                max_sessions=MAX_SEQS,
+                kv_tokens=KV_TOKENS,
                 page_size=page_size,
-                track=1,
+                track=TRACK,
                 max_context=64,
-                model=model,
+                model=state_model,
             )
             self.seqs: dict = {}  # SeqSlots -> length (positions with KV slots)
             self.freed: list = []  # sequences already freed (for double-free attempts)
 
+        def free_pages(self) -> int:
+            return self.cap.kv_pages - sum(self.cap.pages(n) for n in self.seqs.values())
+
         @rule()
         def new_sequence(self):
-            if self.pool.can_alloc(1):
+            if len(self.seqs) < MAX_SEQS:
                 (seq,) = self.pool.alloc_seqs(1)
                 self.seqs[seq] = 0
             else:
@@ -51,7 +65,7 @@ def make_machine(page_size: int, model):
             old = self.seqs[seq]
             new = min(old + grow, self.pool.max_context_len)
             kv = self.pool.kv_pool
-            if kv.can_extend(old, new):
+            if self.cap.pages(new) - self.cap.pages(old) <= self.free_pages():
                 kv.extend(self.pool.req_to_token, seq.req_pool_idx, old, new)
                 self.seqs[seq] = new
             else:
@@ -89,11 +103,12 @@ def make_machine(page_size: int, model):
 
         @invariant()
         def consistent(self):
-            p = self.pool.kv_pool.page_size
-            held_pages = sum(pages_for(n, p) for n in self.seqs.values())
-            assert self.pool.kv_pool.free_tokens == self.pool.kv_pool.token_slots - held_pages * p
-            assert self.pool.num_free == self.pool.rows - len(self.seqs)
-            assert self.pool.mamba_pool.num_free == self.pool.mamba_pool.slots - 2 * len(self.seqs)
+            if not hasattr(self, "pool"):
+                return  # before ``build``
+            p = self.cap.page_size
+            assert self.pool.kv_pool.free_tokens == self.free_pages() * p
+            assert self.pool.num_free == MAX_SEQS - len(self.seqs)
+            assert self.pool.mamba_pool.num_free == (MAX_SEQS - len(self.seqs)) * (1 + TRACK)
             owner: dict[int, object] = {}
             for seq, n in self.seqs.items():
                 slots = self.pool.req_to_token[seq.req_pool_idx, :n].long()
@@ -104,18 +119,17 @@ def make_machine(page_size: int, model):
             self.pool.check_integrity()
 
         def teardown(self):
+            if not hasattr(self, "pool"):
+                return
             for seq, n in list(self.seqs.items()):
                 self.pool.free_seq(seq, n)
-            assert self.pool.kv_pool.free_tokens == self.pool.kv_pool.token_slots
-            assert self.pool.mamba_pool.num_free == self.pool.mamba_pool.slots
-            assert self.pool.num_free == self.pool.rows
+            assert self.pool.kv_pool.free_tokens == KV_TOKENS
+            assert self.pool.mamba_pool.num_free == MAX_SEQS * (1 + TRACK)
+            assert self.pool.num_free == MAX_SEQS
 
     return PoolMachine
 
 
 @pytest.mark.parametrize("state", sorted(STATE_MODELS))
-@pytest.mark.parametrize("page_size", [1, 16])
-def test_pool_state_machine(page_size, state):
-    machine = make_machine(page_size, STATE_MODELS[state])
-    machine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
-    machine.TestCase().runTest()
+def test_pool_state_machine(state):
+    run_state_machine_as_test(make_machine(STATE_MODELS[state]))

@@ -1,53 +1,93 @@
 """Regression: releasing a session must free its mamba slots (state + track buffer), and with
 parking, every slot of the host tier too.
 
-A replica sized for 4 sessions with 2 track buffers (12 mamba slots) runs 10,000 open / turn /
-close cycles, for both shapes of recurrent state (Mamba2, gated DeltaNet). If a release leaked
-the 3 mamba slots of a session, the pool would run dry after 4 cycles. ``session_held_mamba_slots``
-must equal (idle sessions) x 3 exactly at every step, a session whose turn is in the running batch
-excluded.
+A replica sized for 4 sessions with 2 track buffers (12 mamba slots) runs 10,000 open / turn / close
+cycles, for both shapes of recurrent state (Mamba2, gated DeltaNet). If a release leaked the 3 mamba
+slots of a session (the seed's bug), the pool would run dry after 4 cycles. At every step the
+allocators' free counts must be what the open sessions alone account for (3 mamba slots, a row and
+one KV page each), counted by the test itself; every 100 cycles the whole snapshot is compared with
+that count. With the seed's bug switched back on (failpoint ``leak_mamba_on_release``) the same run
+must fail at the first release.
 """
 
 import pytest
 
 from replica.api import ReleaseReason
+from replica.model.config import ModelConfig
 from replica.sessions.request import Req
-from tests.support.pools import STATE_MODELS, assert_all_free, assert_consistent, grow, make_pools
+from tests.support.pool_oracle import Capacity, check_pools
+from tests.support.pools import (
+    STATE_MODELS,
+    TINY_MODEL,
+    assert_all_free,
+    assert_consistent,
+    grow,
+    make_pools,
+    snapshot,
+)
 
 CYCLES = 10_000
+CAP = Capacity(max_sessions=4, track=2, kv_tokens=256, page_size=16)
 
 
-@pytest.mark.parametrize("state", sorted(STATE_MODELS))
-def test_ten_thousand_short_sessions_never_exhaust_the_mamba_pool(state):
+def run_cycles(
+    cycles: int, state_model: ModelConfig = TINY_MODEL, failpoints: frozenset[str] = frozenset()
+) -> None:
     pool, sessions, clock = make_pools(
-        max_sessions=4, kv_tokens=256, page_size=16, track=2, model=STATE_MODELS[state]
+        max_sessions=CAP.max_sessions,
+        kv_tokens=CAP.kv_tokens,
+        page_size=CAP.page_size,
+        track=CAP.track,
+        failpoints=failpoints,
+        model=state_model,
     )
+
+    def check_free(open_sessions: int) -> None:
+        free = CAP.max_sessions - open_sessions
+        assert pool.mamba_pool.num_free == free * CAP.mamba_per_session, (
+            f"mamba: {pool.mamba_pool.num_free} slots free with {open_sessions} sessions open; "
+            f"want {free * CAP.mamba_per_session}"
+        )
+        assert pool.num_free == free, f"req: {pool.num_free} rows free, want {free}"
+        # every session that ran its turn keeps one page (its turn folds fewer than 16 tokens)
+        assert pool.kv_pool.free_tokens == (CAP.kv_pages - open_sessions) * CAP.page_size
+
     idle: list[str] = []
-    for cycle in range(CYCLES):
-        if len(idle) == 4:  # keep up to 3 sessions idle alongside the one cycling
+    for cycle in range(cycles):
+        if len(idle) == CAP.max_sessions:  # keep up to 3 sessions idle alongside the one cycling
             sessions.release_session(idle.pop(0))
+            check_free(len(idle))
         sid = f"c{cycle}"
         sessions.open(sid)
-        assert sessions.session_held_mamba_slots(active=()) == (len(idle) + 1) * 3
         req = Req(sid, [1, 2, 3])
         sessions.restore_to_req(req)
         grow(pool, req, 3 + cycle % 5)
-        active = {req.seq.req_pool_idx}
-        assert sessions.session_held_mamba_slots(active) == len(idle) * 3
         if cycle % 100 == 0:
+            want = CAP.expect(idle=len(idle), running=1, idle_pages=len(idle), running_pages=1)
+            check_pools(pool, snapshot(pool, sessions, [req]), want)
             assert_consistent(pool, sessions, [req])
         sessions.save_from_req(req)
-        assert sessions.session_held_mamba_slots(active=()) == (len(idle) + 1) * 3
         if cycle % 3 == 0:
             sessions.release_session(sid)
         else:
             idle.append(sid)
+        check_free(len(idle))
         clock.now += 1.0
     for sid in idle:
         sessions.release_session(sid)
-    assert sessions.opened_total == CYCLES
-    assert sum(sessions.released_total.values()) == CYCLES
+    assert sessions.opened_total == cycles
+    assert sum(sessions.released_total.values()) == cycles
     assert_all_free(pool, sessions)
+
+
+@pytest.mark.parametrize("state", sorted(STATE_MODELS))
+def test_ten_thousand_short_sessions_never_exhaust_the_mamba_pool(state):
+    run_cycles(CYCLES, STATE_MODELS[state])
+
+
+def test_the_regression_fails_when_release_leaks_mamba_slots():
+    with pytest.raises(AssertionError, match="mamba: 9 slots free with 0 sessions open"):
+        run_cycles(CYCLES, failpoints=frozenset({"leak_mamba_on_release"}))
 
 
 def test_ten_thousand_cycles_through_the_host_tier_never_run_out_of_any_slot():

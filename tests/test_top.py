@@ -24,11 +24,12 @@ def metrics_url():
     server.close()
 
 
-def closed_port_url() -> str:
+@pytest.fixture
+def closed_port_url():
+    """A URL nobody answers: its port is bound (so no one else gets it) but not listening."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}/metrics"
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/metrics"
 
 
 def cells(table: str, starts: str) -> list[str]:
@@ -158,8 +159,8 @@ def test_refreshes_and_clears_screen_on_a_tty(metrics_url):
     assert naps == [0.5, 0.5]
 
 
-def test_unreachable_endpoint_is_reported_and_retried(metrics_url):
-    url = closed_port_url()
+def test_unreachable_endpoint_is_reported_and_retried(metrics_url, closed_port_url):
+    url = closed_port_url
     out = io.StringIO()
     assert run_top(url, interval=0.01, iterations=2, out=out, sleep=lambda _: None) == 1
     text = out.getvalue()
@@ -175,6 +176,6 @@ def test_unreachable_endpoint_is_reported_and_retried(metrics_url):
     assert "cannot read" in out.getvalue() and "replica-a" in out.getvalue()
 
 
-def test_once_mode_fails_cleanly_when_unreachable(capsys):
-    assert cli_main(["top", "--metrics-url", closed_port_url(), "--once"]) == 1
+def test_once_mode_fails_cleanly_when_unreachable(capsys, closed_port_url):
+    assert cli_main(["top", "--metrics-url", closed_port_url, "--once"]) == 1
     assert "cannot read" in capsys.readouterr().out

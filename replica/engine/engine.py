@@ -63,7 +63,10 @@ class Engine(SessionOps):
         model: HybridModel,
         tokenizer: Tokenizer,
         replica_id: str = "replica-0",
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``clock`` is what idle timeouts and stream leases are measured by (tests pass
+        their own)."""
         self.config = config
         self.replica_id = replica_id
         self.incarnation = uuid.uuid4().hex[:12]
@@ -73,6 +76,7 @@ class Engine(SessionOps):
         self.sessions = StreamingSession(
             self.pool,
             config.session_idle_timeout_s,
+            clock=clock,
             failpoints=config.failpoints,
             parker=Parker.build(self.pool, model.cfg, config.pools),
         )

@@ -42,7 +42,8 @@ async def serve(config: ServeConfig) -> int:
     print("session-router: ready (Ctrl-C or SIGTERM to stop)", flush=True)
     await stop.wait()
     print("session-router: shutting down: releasing sessions, stopping Ray", flush=True)
-    await server.stop()
+    released = await server.stop()
+    print(f"session-router: stopped; {released} sessions released", flush=True)
     return 0
 
 

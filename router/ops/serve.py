@@ -214,7 +214,10 @@ class Server:
         log.info("started %d replicas", count)
         return ids
 
-    async def stop(self) -> None:
+    async def stop(self) -> int:
+        """Stop serving, release every replica's sessions, stop the actors (and an embedded
+        Ray); returns how many sessions the replicas released."""
+        released = 0
         if self.supervisor is not None:
             await self.supervisor.stop()
         if self.grpc is not None:
@@ -223,7 +226,7 @@ class Server:
             await self.gateway.stop()
         for handle in self.replicas.values():
             try:
-                await asyncio.wait_for(handle.shutdown.remote(), timeout=10)
+                released += await asyncio.wait_for(handle.shutdown.remote(), timeout=10)
             except Exception as exc:  # noqa: BLE001 - a dead replica has nothing to release
                 log.warning("replica shutdown failed: %s", exc)
         if self.metrics is not None:
@@ -238,3 +241,4 @@ class Server:
         self.stores.clear()
         if self._started_ray:
             ray.shutdown()
+        return released

@@ -140,6 +140,13 @@ class ServerThread:
         self.assert_no_leaks(ids, at_capacity=True)
 
 
+def opens_waiting(server: ServerThread) -> int:
+    """OpenSession calls the router is placing now (on a full cluster: waiting for room), read
+    from the router actor's table of opens in flight."""
+    count = server.server.router.__ray_call__.remote(lambda router: len(router.opener.running))
+    return ray.get(count, timeout=30)
+
+
 def wait_for(predicate, timeout: float, interval: float = 0.05, what: str = "condition"):
     """Poll ``predicate`` until it returns a truthy value; fails after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
@@ -162,6 +169,11 @@ def rpc_error(fn, *args, **kwargs) -> grpc.RpcError:
     except grpc.RpcError as exc:
         return exc
     raise AssertionError(f"{getattr(fn, '__name__', fn)} did not fail")
+
+
+def tokens(seed: int, n: int = 8) -> list[int]:
+    """``n`` reproducible token ids in tiny-bamba's vocabulary."""
+    return [(seed * 31 + i * 7) % 250 + 1 for i in range(n)]
 
 
 def drain_stream(stream) -> tuple[list[int], int, int]:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 
 import torch
@@ -31,13 +32,15 @@ def tiny_bamba() -> tuple[ModelConfig, HybridModel, Tokenizer]:
 def make_engine(
     pools: PoolConfig | None = None,
     model: tuple[ModelConfig, HybridModel, Tokenizer] | None = None,
+    clock: Callable[[], float] = time.monotonic,
     **replica_kwargs,
 ) -> Engine:
-    """A strict engine over tiny-bamba (or ``model``) with the given pool sizes."""
+    """An engine over tiny-bamba (or ``model``) with the given pool sizes, on ``clock``; strict
+    unless ``strict=False`` is given."""
     cfg, net, tok = model or tiny_bamba()
     pools = pools or PoolConfig(max_sessions=8, kv_tokens=4096, max_context=1024)
-    config = ReplicaConfig(pools=pools, strict=True, **replica_kwargs)
-    return Engine(config, net, tok)
+    config = ReplicaConfig(pools=pools, **{"strict": True, **replica_kwargs})
+    return Engine(config, net, tok, clock=clock)
 
 
 def make_checkpoint_engine(path: str, pools: PoolConfig | None = None, **replica_kwargs) -> Engine:

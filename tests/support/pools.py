@@ -41,6 +41,7 @@ def make_pools(
     model: ModelConfig = TINY_MODEL,
     max_parked: int = 0,
     host_kv_tokens: int = 0,
+    failpoints: frozenset[str] = frozenset(),
 ):
     """GPU pools and sessions over them (with a host tier when ``max_parked``), on a fake clock."""
     cfg = PoolConfig(
@@ -55,7 +56,9 @@ def make_pools(
     pool = HybridReqToTokenPool(model, cfg)
     clock = FakeClock()
     parker = Parker.build(pool, model, cfg)
-    sessions = StreamingSession(pool, idle_timeout_s=idle_timeout_s, clock=clock, parker=parker)
+    sessions = StreamingSession(
+        pool, idle_timeout_s=idle_timeout_s, clock=clock, failpoints=failpoints, parker=parker
+    )
     return pool, sessions, clock
 
 
