@@ -2,7 +2,8 @@
 
 Token delivery: each gateway keeps one long-lived streaming call, ``stream_outputs(gateway_id)``,
 per replica (``replica.gateway_outputs``), so a turn costs one actor call to submit and no Ray
-round trip per token.
+round trip per token. When a gateway's stream ends (it stopped or died), the sessions its Converse
+streams held open are released (reason ``stream_ended``): those streams ended with it.
 
 Refusals come back as ``ActorError`` values (a gRPC status name and a message), never as raised
 exceptions, so callers map them without unwrapping Ray errors. The actor pushes its
@@ -21,6 +22,8 @@ import dataclasses
 import logging
 from typing import Any
 
+import ray
+
 from replica.api import (
     ActorError,
     Closed,
@@ -34,7 +37,7 @@ from replica.api import (
     StatusCode,
 )
 from replica.config import ReplicaConfig
-from replica.gateway_outputs import GatewayOutputs
+from replica.gateway_outputs import STREAM_BACKPRESSURE, GatewayOutputs, release_streams_of
 from replica.reporting import RouterReporter
 
 log = logging.getLogger(__name__)
@@ -64,7 +67,7 @@ class ReplicaActor:
         self.engine = Engine(self.config, net, tokenizer, replica_id)
         self.router = router
         self.report_interval_s = report_interval_s
-        self.outputs = GatewayOutputs()
+        self.outputs = GatewayOutputs(on_gone=self._gateway_gone)
         self._async = None
         self._reporter: RouterReporter | None = None
         self._tasks: set[asyncio.Task] = set()  # the report loop, the death report
@@ -96,8 +99,6 @@ class ReplicaActor:
         task.add_done_callback(self._tasks.discard)
 
     async def _registration(self) -> tuple:
-        import ray
-
         return (
             ray.get_runtime_context().current_actor,
             await self.describe(),
@@ -117,6 +118,15 @@ class ReplicaActor:
             why = f"engine loop failed: {type(error).__name__}: {error}"
             self._spawn(self._reporter.report_death(why))
 
+    def _gateway_gone(self, gateway_id: str) -> None:
+        self._spawn(self._release_streams_of(gateway_id))
+
+    async def _release_streams_of(self, gateway_id: str) -> None:
+        released = await self._call(release_streams_of, self.engine, gateway_id)
+        if isinstance(released, list) and released:
+            log.info("gateway %s is gone: released its %d streams", gateway_id, len(released))
+            self._note_released(released)
+
     async def _call(self, fn, *args) -> Any:
         await self._ensure_started()
         try:
@@ -127,8 +137,6 @@ class ReplicaActor:
     # ----- the router's and gateways' API ---------------------------------------------------
 
     async def describe(self) -> ReplicaDescription:
-        import ray
-
         await self._ensure_started()
         pools = self.config.pools
         return ReplicaDescription(
@@ -228,8 +236,11 @@ class ReplicaActor:
         await self._ensure_started()
         return self._async.error is None
 
+    @ray.method(_generator_backpressure_num_objects=STREAM_BACKPRESSURE)
     async def stream_outputs(self, gateway_id: str):
-        """Long-lived stream: one item per engine step with events for ``gateway_id``."""
+        """Long-lived stream of what the engine produced for ``gateway_id`` (lists of
+        ``replica.api.DeliveryEntry``); an item waits while the gateway has not taken the
+        previous ones, and carries everything produced meanwhile."""
         await self._ensure_started()
         async for batch in self.outputs.stream(gateway_id):
             yield batch

@@ -1,9 +1,10 @@
 """The settings of ``session-router serve``: one tree, each setting declared once.
 
 ``ServeConfig`` holds the cluster-level settings and contains ``ReplicaConfig`` (which contains
-the pool sizes), ``RouterConfig`` and ``GatewayConfig``. The command line is generated from these
-fields (``router.flags``); ``ServeConfig.from_flags(max_sessions=8, ...)`` builds one from flag
-names, which is how the demo, the benchmarks and the tests make theirs.
+the pool sizes), ``RouterConfig`` and ``GatewayConfig``; ``JoinConfig`` (``session-router
+gateway``) holds the Ray address to join and a ``GatewayConfig``. The command line is generated
+from these fields (``router.flags``); ``ServeConfig.from_flags(max_sessions=8, ...)`` builds one
+from flag names, which is how the demo, the benchmarks and the tests make theirs.
 """
 
 from __future__ import annotations
@@ -99,3 +100,22 @@ class ServeConfig:
         from router.flags import build
 
         return build(cls, flags)
+
+
+@dataclass(frozen=True)
+class JoinConfig:
+    """The settings of ``session-router gateway``: one more gateway in front of a running cluster
+    (``--address`` is required; checked when the command runs, so that the defaults build)."""
+
+    address: str | None = setting(
+        None, "Ray address of the running cluster, as serve prints it ('Ray at ADDR')"
+    )
+    namespace: str = setting(NAMESPACE, "Ray namespace of the cluster's named actors")
+    router_wait_s: float = setting(
+        60.0, "how long to wait for the cluster's router actor to appear before giving up"
+    )
+    gateway: GatewayConfig = nested(GatewayConfig)
+
+    def __post_init__(self) -> None:
+        if self.router_wait_s < 0:
+            raise ValueError("--router-wait-s must be >= 0")

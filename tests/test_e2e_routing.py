@@ -88,15 +88,16 @@ def test_converse_barge_in(server, client):
     opened = next(call).opened
     assert opened.session_id and opened.replica_id in server.replicas
     q.put(pb.ConverseRequest(input=generate_request(tokens=tokens(3), max_new_tokens=400)))
-    first_turn, second_turn, reasons = [], [], []
+    first_turn, second_turn, reasons, barged = [], [], [], False
     for response in call:
         chunk = response.chunk
         if not reasons:
             first_turn.extend(chunk.token_ids)
-            if len(first_turn) == 3:  # barge in while the first turn generates
+            if len(first_turn) >= 3 and not barged:  # barge in while the first turn generates
                 q.put(
                     pb.ConverseRequest(input=generate_request(tokens=tokens(4), max_new_tokens=5))
                 )
+                barged = True
         else:
             second_turn.extend(chunk.token_ids)
         if chunk.finish_reason:

@@ -15,7 +15,8 @@ from typing import Any
 from bench.harness.load import closed_loop
 from bench.harness.window import LifecycleSamples
 from bench.harness.workload import PROMPT, Lifecycle, TokenRounds
-from replica.api import ActorError, SamplingParams, TurnEvent
+from replica.api import ActorError, SamplingParams
+from router.gateway.inbox import Inbox, pieces
 
 
 class DirectDriver:
@@ -24,22 +25,22 @@ class DirectDriver:
     def __init__(self, handles: list[Any]) -> None:
         self.handles = handles
         self.gateway_id = f"bench-direct-{secrets.token_hex(4)}"
-        self.inboxes: dict[str, asyncio.Queue[TurnEvent]] = {}
+        self.inboxes: dict[str, Inbox] = {}
         self._next = itertools.cycle(handles)
         loop = asyncio.get_running_loop()
         self._pumps = [loop.create_task(self._pump(h)) for h in handles]
 
     async def _pump(self, handle: Any) -> None:
         async for ref in handle.stream_outputs.remote(self.gateway_id):
-            for event in await ref:
-                inbox = self.inboxes.get(event.session_id)
+            for entry in await ref:
+                inbox = self.inboxes.get(entry[0] if type(entry) is list else entry.session_id)
                 if inbox is not None:
-                    inbox.put_nowait(event)
+                    inbox.put(entry)
 
     async def open(self, handle: Any) -> str:
         """Opens a session on ``handle``'s replica (one actor call); returns its id."""
         session_id = secrets.token_hex(16)
-        self.inboxes[session_id] = asyncio.Queue()
+        self.inboxes[session_id] = Inbox(session_id, "")
         info = await handle.open_session.remote(session_id, 0.0, self.gateway_id)
         if isinstance(info, ActorError):
             del self.inboxes[session_id]
@@ -57,14 +58,14 @@ class DirectDriver:
             raise RuntimeError(turn_id.code)
         tokens = 0
         while True:
-            event = await inbox.get()
-            if event.turn_id != turn_id:
-                continue
-            if event.error_code is not None:
-                raise RuntimeError(event.error_code)
-            tokens += len(event.token_ids)
-            if event.finished:
-                return tokens
+            for piece in pieces(await inbox.take()):
+                if piece.turn_id != turn_id:
+                    continue
+                if piece.failed:
+                    raise RuntimeError(piece.end.error_code)
+                tokens += len(piece.token_ids)
+                if piece.end is not None:
+                    return tokens
 
     async def close(self, handle: Any, session_id: str) -> None:
         await handle.close_sessions.remote([session_id])

@@ -2,8 +2,11 @@
 
 The engine is single-threaded by contract, so this wrapper gives it one thread that owns it.
 Callers on the event loop send commands (``call``) that the engine thread runs between steps, and
-receive each step's ``TurnEvent``s through the ``on_events`` callback, called on the event loop.
-The engine thread never blocks on the event loop, and the event loop never waits for a step.
+receive the steps' ``TurnEvent``s through the ``on_events`` callback, called on the event loop:
+the steps that end while the loop is busy are handed over together, in one wake-up of the loop
+(one per step would cost a wake-up and a callback per step, and contend for the GIL with the
+engine thread). The engine thread never blocks on the event loop, and the event loop never waits
+for a step.
 Between steps the thread also releases (and, with ``park_after_idle_s``, parks) idle sessions about
 every second, and publishes a fresh ``PoolSnapshot`` (``latest_snapshot``) about every
 ``snapshot_interval_s``, so readers never touch the pools.
@@ -56,6 +59,9 @@ class AsyncEngine:
         self._snapshot_interval_s = snapshot_interval_s
         self.latest_snapshot: PoolSnapshot = engine.snapshot()
         self.error: BaseException | None = None
+        self._handoff: list[TurnEvent] = []  # events the event loop has not taken yet
+        self._handoff_due = False  # a wake-up of the event loop is on its way
+        self._handoff_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self._thread.start()
 
@@ -75,7 +81,7 @@ class AsyncEngine:
                 self._apply_commands(block=not self.engine.has_work)
                 events = self.engine.step() if self.engine.has_work else self.engine.take_events()
                 if events:
-                    self._loop.call_soon_threadsafe(self._on_events, events)
+                    self._hand_over(events)
                 now = time.monotonic()
                 if now >= next_idle_check:
                     next_idle_check = now + 1.0
@@ -90,6 +96,23 @@ class AsyncEngine:
             log.exception("engine thread died")
             self.error = exc
             self._loop.call_soon_threadsafe(self._failed)
+
+    def _hand_over(self, events: list[TurnEvent]) -> None:
+        """On the engine thread: queue a step's events; wake the event loop unless a wake-up
+        is already on its way (it will take these too)."""
+        with self._handoff_lock:
+            self._handoff.extend(events)
+            if self._handoff_due:
+                return
+            self._handoff_due = True
+        self._loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        """On the event loop: every event handed over since the last wake-up, in order."""
+        with self._handoff_lock:
+            events, self._handoff = self._handoff, []
+            self._handoff_due = False
+        self._on_events(events)
 
     def _failure(self) -> EngineFailedError:
         return EngineFailedError(

@@ -1,58 +1,25 @@
 """``Delivery``: turn events from the replicas to this gateway's calls.
 
 Token delivery costs no Ray round trip per token: for each replica the gateway keeps one
-long-lived ``stream_outputs`` call whose items carry everything an engine step produced for this
-gateway's sessions; the pump hands each event to the inbox of its session, if a call of this
-gateway streams that session now. When a replica's stream breaks, ``on_lost(replica_id, why)`` is
-called; ``abort_replica`` then ends every waiting call of that replica's sessions with ABORTED, so
-no client hangs on a turn that will never end.
+long-lived ``stream_outputs`` call whose items carry everything the engine produced for this
+gateway's sessions since the last item (``replica.api.DeliveryEntry``); the pump hands each entry
+to the inbox of its session (``router.gateway.inbox``), if a call of this gateway streams that
+session now, and does nothing else per token. When a replica's stream breaks,
+``on_lost(replica_id, why)`` is called; ``abort_replica`` then ends every waiting call of that
+replica's sessions with ABORTED, so no client hangs on a turn that will never end.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from replica.api import StatusCode, TurnEvent, replica_lost_message
 from router.control.table import Route
+from router.gateway.inbox import Inbox
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(eq=False)
-class Inbox:
-    """The events of one session while one call streams it; the call may add its own items."""
-
-    session_id: str
-    replica_id: str
-    queue: asyncio.Queue = dataclasses.field(default_factory=asyncio.Queue)
-
-    def put(self, item: Any) -> None:
-        self.queue.put_nowait(item)
-
-    async def get(self) -> Any:
-        return await self.queue.get()
-
-
-async def next_turn_event(inbox: Inbox, turn_id: int) -> TurnEvent:
-    """The next event of turn ``turn_id`` (or of the replica's loss), merged with the events of
-    that turn already queued behind it: a client that falls behind gets fewer, larger chunks."""
-    event: TurnEvent | None = None
-    queue = inbox.queue
-    while event is None or (not event.finished and not queue.empty()):
-        item = await queue.get()  # does not wait once ``event`` is set: the queue is not empty
-        if item.turn_id not in (turn_id, -1):
-            continue  # a stale event of an earlier turn
-        if event is None or item.error_code is not None:
-            event = item
-        else:
-            event = dataclasses.replace(
-                item, token_ids=event.token_ids + item.token_ids, text=event.text + item.text
-            )
-    return event
 
 
 class Delivery:
@@ -83,12 +50,14 @@ class Delivery:
             self._pumps[route.replica_id] = loop.create_task(self._pump(route))
 
     async def _pump(self, route: Route) -> None:
+        inboxes = self._inboxes
         try:
             async for ref in route.handle.stream_outputs.remote(self.gateway_id):
-                for event in await ref:
-                    inbox = self._inboxes.get(event.session_id)
+                for entry in await ref:
+                    sid = entry[0] if type(entry) is list else entry.session_id
+                    inbox = inboxes.get(sid)
                     if inbox is not None:
-                        inbox.put(event)
+                        inbox.put(entry)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the replica died

@@ -23,15 +23,15 @@ from replica.api import (
     InvalidRequestError,
     ReleaseReason,
     StatusCode,
-    TurnEvent,
     replica_lost_message,
 )
 from router.control.table import Route
 from router.gateway.auth import ApiKeys, Caller, Unauthenticated
 from router.gateway.background import Background
 from router.gateway.cluster_view import ClusterView
-from router.gateway.convert import Refused, check, chunk_from_event, sampling_from_proto, turn_input
+from router.gateway.convert import Refused, check, chunk_from_piece, sampling_from_proto, turn_input
 from router.gateway.delivery import Delivery
+from router.gateway.inbox import Piece
 from router.gateway.metrics import GatewayMetrics
 from router.gateway.route_cache import RouteCache
 from router.gateway.router_client import RouterClient
@@ -151,13 +151,15 @@ class Gateway:
             self.routes.drop(route.session_id)  # released on the replica (idle timeout)
         return check(result)
 
-    def chunk(self, event: TurnEvent, started: float, first: bool) -> pb.GenerateChunk:
-        if event.error_code is not None:
-            raise Refused(event.error_code, event.error or "turn failed")
-        if first and event.token_ids:
-            self.metrics.observe_first_token(time.perf_counter() - started)
-        self.metrics.add_generated_tokens(len(event.token_ids))
-        return chunk_from_event(event)
+    def chunk(self, piece: Piece, started: float, first: bool) -> pb.GenerateChunk:
+        """The message of ``piece`` (``Refused`` for a failed turn), counted in the metrics;
+        ``first``: no token of the turn (submitted at ``started``) was sent before."""
+        chunk = chunk_from_piece(piece)
+        if piece.token_ids:
+            if first:
+                self.metrics.observe_first_token(time.perf_counter() - started)
+            self.metrics.add_generated_tokens(len(piece.token_ids))
+        return chunk
 
     async def close(self, session_id: str, tenant: str) -> bool:
         """Close on the session's replica directly (one hop), then tell the router. The route

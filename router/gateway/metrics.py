@@ -242,11 +242,13 @@ class GatewayMetrics:
 
 
 def build_registry(
-    views_fn: Callable[[], Sequence[ReplicaView]],
+    views_fn: Callable[[], Sequence[ReplicaView]] | None,
 ) -> tuple[CollectorRegistry, GatewayMetrics]:
-    """A fresh registry (no process/platform collectors) with the cluster and gateway metrics."""
+    """A fresh registry (no process/platform collectors) with the gateway's metrics, and the
+    cluster's per-replica metrics from ``views_fn`` when given."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ClusterCollector(views_fn))
+    if views_fn is not None:
+        registry.register(ClusterCollector(views_fn))
     return registry, GatewayMetrics(registry)
 
 

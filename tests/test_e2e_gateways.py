@@ -1,0 +1,104 @@
+"""More gateways in front of one cluster: ``session-router gateway --address`` processes joined to
+a running serve. A session opened through one gateway continues through any other, with the same
+state as a session that never changed gateway; the SIGKILL of the gateway it was opened through
+loses nothing of it; the Converse streams of the killed gateway end with it, and their sessions
+are released."""
+
+from __future__ import annotations
+
+import queue
+
+import grpc
+import pytest
+
+from protos import session_router_pb2 as pb
+from router.client import SessionClient, generate_request
+from tests.support.cluster import ServerThread, drain_stream, wait_for
+from tests.support.gateways import GatewayProcess
+
+PROMPTS = ([5, 6, 7], [8, 9], [10, 11, 12, 13])
+NEW_TOKENS = 6
+
+
+@pytest.fixture(scope="module")
+def server(ray_cluster):
+    s = ServerThread(replicas=1).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def gateways(server):
+    started = [GatewayProcess(server.config.namespace) for _ in range(2)]
+    try:
+        yield [g.start() for g in started]
+    finally:
+        for gateway in started:
+            gateway.kill()
+
+
+def open_requests(q: queue.Queue):
+    yield pb.ConverseRequest(open=pb.OpenSessionRequest())
+    while (item := q.get()) is not None:
+        yield item
+
+
+def turn(client: SessionClient, session_id: str, prompt: list[int]) -> tuple[list[int], int]:
+    ids, reason, committed = drain_stream(
+        client.generate(session_id, tokens=prompt, max_new_tokens=NEW_TOKENS, timeout=60)
+    )
+    assert reason == pb.FINISH_REASON_LENGTH
+    return ids, committed
+
+
+def committed_tokens(client: SessionClient, session_id: str) -> int:
+    request = pb.GetSessionRequest(session_id=session_id)
+    return client.sessions.GetSession(request, timeout=30).committed_tokens
+
+
+def test_joined_gateways_print_where_they_listen_and_what_they_joined(server, gateways):
+    for gateway in gateways:
+        assert any("joined the cluster at" in line for line in gateway.lines), gateway.lines
+        assert any(line.startswith("session-router: security:") for line in gateway.lines)
+
+
+def test_a_session_continues_through_any_gateway_and_outlives_the_one_it_was_opened_through(
+    server, gateways
+):
+    a, b = gateways
+    with (
+        SessionClient(a.address) as via_a,
+        SessionClient(b.address) as via_b,
+        SessionClient(server.address) as via_serve,
+    ):
+        reference = via_serve.open()  # the same turns, never changing gateway
+        expected = [turn(via_serve, reference.id, prompt) for prompt in PROMPTS]
+        reference.close()
+
+        session = via_a.open()
+        assert turn(via_a, session.id, PROMPTS[0]) == expected[0]
+        assert turn(via_b, session.id, PROMPTS[1]) == expected[1]
+        assert committed_tokens(via_serve, session.id) == expected[1][1]
+
+        # a Converse through A, mid-turn when A dies
+        q: queue.Queue = queue.Queue()
+        stream = via_a.sessions.Converse(open_requests(q), timeout=60)
+        opened = next(stream).opened
+        q.put(pb.ConverseRequest(input=generate_request(tokens=[3, 4], max_new_tokens=400)))
+        assert next(stream).chunk.token_ids
+        a.kill()
+        with pytest.raises(grpc.RpcError) as ended:
+            for _ in stream:
+                pass
+        assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+        q.put(None)
+
+        assert turn(via_b, session.id, PROMPTS[2]) == expected[2]
+        assert committed_tokens(via_serve, session.id) == expected[2][1]
+        wait_for(
+            lambda: opened.session_id not in server.sessions_on()[opened.replica_id],
+            30,
+            what="the killed gateway's Converse session to be released",
+        )
+        assert via_b.close_session(session.id)
+    server.wait_at_capacity()
