@@ -11,10 +11,10 @@ import queue
 import grpc
 import pytest
 
+from bench.harness.gateway_process import GatewayProcess
 from protos import session_router_pb2 as pb
 from router.client import SessionClient, generate_request
 from tests.support.cluster import ServerThread, drain_stream, wait_for
-from tests.support.gateways import GatewayProcess
 
 PROMPTS = ([5, 6, 7], [8, 9], [10, 11, 12, 13])
 NEW_TOKENS = 6

@@ -1,4 +1,5 @@
-"""A ``session-router gateway`` as a real process, joined to the test's Ray cluster.
+"""A ``session-router gateway`` as a real process, joined to this process's Ray cluster (the
+benchmarks' local cluster, the tests' ``ray_cluster``).
 
 It runs the command line a user runs (``python -m router.ops.cli gateway --address ...``) with
 this checkout on its path, on any free ports; ``start`` returns once it prints that it is ready,
@@ -46,6 +47,10 @@ class GatewayProcess:
             if line.startswith(READY):
                 self._ready.set()
         self._ready.set()  # the process ended
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
 
     def start(self, timeout: float = 120.0) -> GatewayProcess:
         if not self._ready.wait(timeout) or self.proc.poll() is not None or not self.address:
