@@ -1,9 +1,7 @@
 """``ReplicaActor``: the Ray actor that owns one replica's engine, pools and sessions.
 
-Token delivery: each gateway keeps one long-lived streaming call, ``stream_outputs(gateway_id)``,
-per replica (``replica.gateway_outputs``), so a turn costs one actor call to submit and no Ray
-round trip per token. When a gateway's stream ends (it stopped or died), the sessions its Converse
-streams held open are released (reason ``stream_ended``): those streams ended with it.
+Turns and their token streams are ``replica.actor_turns.TurnCalls``'s; opens come one by one
+from the router or in batches from gateways (``replica.batch_calls``).
 
 Refusals come back as ``ActorError`` values (a gRPC status name and a message), never as raised
 exceptions, so callers map them without unwrapping Ray errors. The actor pushes its
@@ -24,26 +22,28 @@ from typing import Any
 
 import ray
 
+from replica.actor_turns import TurnCalls
 from replica.api import (
     ActorError,
     Closed,
+    OpenArgs,
     Opened,
+    OpenedBatch,
     PoolSnapshot,
     ReleaseReason,
     ReplicaDescription,
     ReplicaError,
-    SamplingParams,
     SessionInfo,
-    StatusCode,
 )
+from replica.batch_calls import open_batch
 from replica.config import ReplicaConfig
-from replica.gateway_outputs import STREAM_BACKPRESSURE, GatewayOutputs, release_streams_of
+from replica.gateway_outputs import GatewayOutputs
 from replica.reporting import RouterReporter
 
 log = logging.getLogger(__name__)
 
 
-class ReplicaActor:
+class ReplicaActor(TurnCalls):
     def __init__(
         self,
         replica_id: str,
@@ -118,15 +118,6 @@ class ReplicaActor:
             why = f"engine loop failed: {type(error).__name__}: {error}"
             self._spawn(self._reporter.report_death(why))
 
-    def _gateway_gone(self, gateway_id: str) -> None:
-        self._spawn(self._release_streams_of(gateway_id))
-
-    async def _release_streams_of(self, gateway_id: str) -> None:
-        released = await self._call(release_streams_of, self.engine, gateway_id)
-        if isinstance(released, list) and released:
-            log.info("gateway %s is gone: released its %d streams", gateway_id, len(released))
-            self._note_released(released)
-
     async def _call(self, fn, *args) -> Any:
         await self._ensure_started()
         try:
@@ -149,6 +140,13 @@ class ReplicaActor:
             self.engine.model_config.vocab_size,
         )
 
+    async def open_sessions(self, requests: list[OpenArgs]) -> OpenedBatch | ActorError:
+        """Open sessions, each ``(session_id, idle_timeout_s, gateway_id, tenant, lease_s)``
+        (``lease_s`` > 0: a stream holds it open, see ``hold_sessions``); each is opened or
+        refused on its own. The reply carries the snapshot taken after the last, so the caller's
+        view of this replica's room is never older than its own placements."""
+        return await self._call(open_batch, self.engine, requests)
+
     async def open_session(
         self,
         session_id: str,
@@ -157,17 +155,13 @@ class ReplicaActor:
         tenant: str = "",
         lease_s: float = 0.0,
     ) -> Opened | ActorError:
-        """Open a session; the reply carries the snapshot taken right after, so the router's
-        view of this replica's room is never older than its own placements. ``lease_s`` > 0:
-        a stream holds it open (see ``hold_sessions``) from the start."""
-
-        def open_one() -> Opened:
-            info = self.engine.open_session(session_id, idle_timeout_s, tenant, gateway_id)
-            if lease_s > 0:
-                self.engine.leases.hold([session_id], lease_s)
-            return Opened(info, self.engine.snapshot())
-
-        return await self._call(open_one)
+        """``open_sessions`` of one session."""
+        batch = await self.open_sessions(
+            [(session_id, idle_timeout_s, gateway_id, tenant, lease_s)]
+        )
+        if isinstance(batch, ActorError) or isinstance(batch.results[0], ActorError):
+            return batch if isinstance(batch, ActorError) else batch.results[0]
+        return Opened(batch.results[0], batch.snapshot)
 
     async def close_sessions(
         self, session_ids: list[str], reason: ReleaseReason = ReleaseReason.CLOSED
@@ -179,35 +173,6 @@ class ReplicaActor:
             return Closed(was_open, self.engine.snapshot())
 
         return await self._call(close_all)
-
-    async def submit_turn(
-        self,
-        gateway_id: str,
-        session_id: str,
-        text: str | None,
-        token_ids: list[int] | None,
-        sampling: SamplingParams,
-    ) -> int | ActorError:
-        """Queue a turn; returns its turn id. Its events go to ``gateway_id``'s stream."""
-        if text is not None and token_ids is not None:
-            return ActorError(StatusCode.INVALID_ARGUMENT, "give either text or tokens, not both")
-        ids = self.tokenizer.encode(text) if text is not None else list(token_ids or [])
-        return await self._call(
-            lambda: self.engine.submit(session_id, ids, sampling, gateway_id).rid
-        )
-
-    async def hold_sessions(self, session_ids: list[str], lease_s: float) -> None | ActorError:
-        """Suspend the idle timeout of these sessions for ``lease_s`` seconds: their Converse
-        streams are open (the gateway renews this well within ``lease_s``)."""
-        return await self._call(self.engine.leases.hold, session_ids, lease_s)
-
-    async def interrupt(self, session_id: str) -> bool | ActorError:
-        return await self._call(self.engine.interrupt, session_id)
-
-    async def cancel(
-        self, session_id: str, why: str = "cancelled by the client", turn_id: int | None = None
-    ) -> bool | ActorError:
-        return await self._call(self.engine.cancel, session_id, why, turn_id)
 
     async def get_session(self, session_id: str) -> SessionInfo | ActorError:
         return await self._call(self.engine.session_info, session_id)
@@ -235,15 +200,6 @@ class ReplicaActor:
     async def ping(self) -> bool:
         await self._ensure_started()
         return self._async.error is None
-
-    @ray.method(_generator_backpressure_num_objects=STREAM_BACKPRESSURE)
-    async def stream_outputs(self, gateway_id: str):
-        """Long-lived stream of what the engine produced for ``gateway_id`` (lists of
-        ``replica.api.DeliveryEntry``); an item waits while the gateway has not taken the
-        previous ones, and carries everything produced meanwhile."""
-        await self._ensure_started()
-        async for batch in self.outputs.stream(gateway_id):
-            yield batch
 
     async def shutdown(self) -> None:
         if self._async is not None:

@@ -215,6 +215,20 @@ class Opened:
 
 
 @dataclass(frozen=True, slots=True)
+class OpenedBatch:
+    """Sessions opened on a replica in one call (each an info or its refusal, in the order
+    asked), and the replica's snapshot after the last."""
+
+    results: tuple[SessionInfo | ActorError, ...]
+    snapshot: PoolSnapshot
+
+
+# The batched calls of a gateway carry plain tuples (``replica.batch_calls``):
+OpenArgs = tuple  # (session_id, idle_timeout_s, gateway_id, tenant, lease_s)
+TurnArgs = tuple  # (session_id, text | None, token_ids | None, SamplingParams)
+
+
+@dataclass(frozen=True, slots=True)
 class Closed:
     """Sessions released on a replica (whether each was open), and its snapshot right after."""
 

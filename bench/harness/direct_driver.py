@@ -1,7 +1,8 @@
 """The session workloads straight on the replica actors: what the gateway does, minus gRPC and
-the router. Opens, turns and closes are actor calls from this process; one long-lived
-``stream_outputs`` generator per replica (kept open, as a gateway keeps it) hands each step's
-events to per-session queues; replicas are taken round robin.
+the router. Opens, turns and closes are actor calls from this process, batched per replica as the
+gateway batches them (``router.gateway.replica_calls``); one long-lived ``stream_outputs``
+generator per replica (kept open, as a gateway keeps it) hands each item's entries to per-session
+inboxes; replicas are taken round robin.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from typing import Any
 from bench.harness.load import closed_loop
 from bench.harness.window import LifecycleSamples
 from bench.harness.workload import PROMPT, Lifecycle, TokenRounds
-from replica.api import ActorError, SamplingParams
+from replica.api import ActorError, ReleaseReason, SamplingParams
 from router.gateway.inbox import Inbox, pieces
+from router.gateway.replica_calls import ReplicaCalls
 
 
 class DirectDriver:
@@ -27,6 +29,7 @@ class DirectDriver:
         self.gateway_id = f"bench-direct-{secrets.token_hex(4)}"
         self.inboxes: dict[str, Inbox] = {}
         self._next = itertools.cycle(handles)
+        self._calls = {id(h): ReplicaCalls(self.gateway_id, h) for h in handles}
         loop = asyncio.get_running_loop()
         self._pumps = [loop.create_task(self._pump(h)) for h in handles]
 
@@ -41,7 +44,8 @@ class DirectDriver:
         """Opens a session on ``handle``'s replica (one actor call); returns its id."""
         session_id = secrets.token_hex(16)
         self.inboxes[session_id] = Inbox(session_id, "")
-        info = await handle.open_session.remote(session_id, 0.0, self.gateway_id)
+        opened = await self._calls[id(handle)].open((session_id, 0.0, self.gateway_id, "", 0.0))
+        info = opened if isinstance(opened, ActorError) else opened[0]
         if isinstance(info, ActorError):
             del self.inboxes[session_id]
             raise RuntimeError(info.code)
@@ -51,9 +55,7 @@ class DirectDriver:
         """One turn (one actor call, then the events from the stream); returns its tokens."""
         inbox = self.inboxes[session_id]
         sampling = SamplingParams(max_new_tokens=new_tokens)
-        turn_id = await handle.submit_turn.remote(
-            self.gateway_id, session_id, None, list(PROMPT), sampling
-        )
+        turn_id = await self._calls[id(handle)].submit((session_id, None, list(PROMPT), sampling))
         if isinstance(turn_id, ActorError):
             raise RuntimeError(turn_id.code)
         tokens = 0
@@ -68,7 +70,7 @@ class DirectDriver:
                     return tokens
 
     async def close(self, handle: Any, session_id: str) -> None:
-        await handle.close_sessions.remote([session_id])
+        await self._calls[id(handle)].close(session_id, ReleaseReason.CLOSED)
         self.inboxes.pop(session_id, None)
 
     async def lifecycle(self, new_tokens: int) -> Lifecycle:

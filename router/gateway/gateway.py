@@ -1,7 +1,8 @@
 """``Gateway``: what every RPC of one gateway process shares, and the steps they are made of.
 
 It builds what it owns: the router client, the route cache, token delivery, the cached view of
-the cluster and the background cleanups. A turn costs one actor call to submit (the route is
+the cluster, the batched calls to the replicas and the router, the opens in one hop and the
+background cleanups. A turn costs one actor call to submit (the route is
 cached); its events come back through ``Delivery``. Refusals are raised as ``Refused`` with the
 status code and a message that says what to do.
 """
@@ -31,10 +32,13 @@ from router.gateway.background import Background
 from router.gateway.cluster_view import ClusterView
 from router.gateway.convert import Refused, check, chunk_from_piece, sampling_from_proto, turn_input
 from router.gateway.delivery import Delivery
+from router.gateway.direct_opens import DirectOpener
 from router.gateway.inbox import Piece
 from router.gateway.metrics import GatewayMetrics
+from router.gateway.replica_calls import ReplicaCallsByReplica
 from router.gateway.route_cache import RouteCache
 from router.gateway.router_client import RouterClient
+from router.gateway.router_updates import RouterUpdates
 from router.gateway.stream_leases import LeaseRenewer
 
 log = logging.getLogger(__name__)
@@ -53,8 +57,23 @@ class Gateway:
         self.delivery = Delivery(self.gateway_id, on_lost=self.replica_lost)
         self.cluster = ClusterView(self.router, on_dead=self._forget_replica)
         self.leases = LeaseRenewer()
+        self.calls = ReplicaCallsByReplica(self.gateway_id)
+        self.updates = RouterUpdates(self.router)
+        self.direct = DirectOpener(
+            self.gateway_id,
+            self.cluster,
+            self.calls,
+            self.updates,
+            self.background,
+            self.replica_lost,
+        )
 
-    def start(self) -> None:
+    async def start(self) -> None:
+        """Start the background work, with a first view of the cluster (placement needs it)."""
+        try:
+            await self.cluster.refresh()
+        except Exception as exc:  # noqa: BLE001 - the router may be restarting: polls retry
+            log.warning("no view of the cluster yet: %s", exc)
         self.cluster.start()
         self.leases.start()
 
@@ -97,17 +116,28 @@ class Gateway:
         wait_s: float | None = None,
         lease_s: float = 0.0,
     ) -> Route:
-        """Open a session; waits for room at most ``wait_s`` (what is left of the caller's
+        """Open a session: in one hop where possible (``router.gateway.direct_opens``), else
+        through the router, waiting for room at most ``wait_s`` (what is left of the caller's
         deadline). If the call is cancelled meanwhile (the client cancelled, its deadline
-        passed), the open is abandoned at the router, which keeps no session for it.
-        ``lease_s`` > 0: a stream holds the session open (``replica.sessions.stream_leases``)."""
+        passed), no session is kept for it. ``lease_s`` > 0: a stream holds the session open
+        (``replica.sessions.stream_leases``)."""
         timeout = request.idle_timeout_s
         if timeout < 0 or timeout != timeout:
             raise Refused(
                 StatusCode.INVALID_ARGUMENT, "idle_timeout_s must be >= 0 (0: server default)"
             )
-        # the session id is chosen here so that a retried open is idempotent at the router
-        session_id = secrets.token_hex(16)
+        route = await self.direct.open(secrets.token_hex(16), timeout, tenant, lease_s)
+        if route is None:  # a fresh id: the router may not have forgotten the first one yet
+            # the session id is chosen here so that a retried open is idempotent at the router
+            session_id = secrets.token_hex(16)
+            route = await self._open_through_router(session_id, timeout, tenant, wait_s, lease_s)
+        self.routes.put(route)
+        self.delivery.watch(route)
+        return route
+
+    async def _open_through_router(
+        self, session_id: str, timeout: float, tenant: str, wait_s: float | None, lease_s: float
+    ) -> Route:
         try:
             route = await self.router.call(
                 "open_session", timeout, tenant, self.gateway_id, session_id, wait_s, lease_s
@@ -119,10 +149,7 @@ class Gateway:
             self.metrics.open_rejected_for(
                 "no_room" if route.code == StatusCode.RESOURCE_EXHAUSTED else route.code.lower()
             )
-        route = check(route)
-        self.routes.put(route)
-        self.delivery.watch(route)
-        return route
+        return check(route)
 
     async def submit(self, route: Route, request: pb.GenerateRequest) -> int:
         """Queue a turn on the session's replica; returns its turn id."""
@@ -133,10 +160,10 @@ class Gateway:
             sampling = sampling_from_proto(request.sampling)
         except InvalidRequestError as exc:
             raise Refused(StatusCode.INVALID_ARGUMENT, str(exc)) from None
-        call = route.handle.submit_turn.remote(
-            self.gateway_id, route.session_id, text, ids, sampling
+        call = self.calls.of(route.replica_id, route.handle).submit(
+            (route.session_id, text, ids, sampling)
         )
-        return await self.on_replica(route, "submit_turn", call)
+        return await self.on_replica(route, "submit_turns", call)
 
     async def on_replica(self, route: Route, what: str, call: Any) -> Any:
         """The result of a call to the session's replica (``call``, an actor call named
@@ -175,16 +202,18 @@ class Gateway:
         """Release a session on its replica straight away, then tell the router (off the
         reply's path); returns whether it was open."""
         self.routes.drop(route.session_id)
+        calls = self.calls.of(route.replica_id, route.handle)
         try:
-            closed = await route.handle.close_sessions.remote([route.session_id], reason)
+            closed = await calls.close(route.session_id, reason)
         except Exception as exc:  # noqa: BLE001 - the replica is gone; so is the session
             log.warning("release of %s failed: %s", route.session_id, exc)
             closed = None
         if isinstance(closed, ActorError):
             closed = None
-        snapshot = closed.snapshot if closed else None
-        self.background.spawn(self.router.call("forget", [route.session_id], snapshot))
-        return bool(closed and closed.was_open[0])
+        if closed is not None:
+            self.cluster.note(closed[1])
+        self.background.spawn(self.updates.forget(route.session_id, closed and closed[1]))
+        return bool(closed and closed[0])
 
     # ----- replicas that die ------------------------------------------------------------------
 
@@ -195,4 +224,5 @@ class Gateway:
 
     def _forget_replica(self, replica_id: str) -> None:
         self.routes.drop_replica(replica_id)
+        self.calls.forget(replica_id)
         self.delivery.abort_replica(replica_id)

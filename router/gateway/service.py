@@ -151,6 +151,7 @@ class AdminService(pb_grpc.AdminServiceServicer):
                     "migrate=false (the replica keeps its sessions until they end)",
                 )
             view = check(await self.gw.router.call("drain", request.replica_id))
+            await self.gw.cluster.refresh()  # this gateway places by the change at once
             return pb.DrainReplicaResponse(replica=replica_to_proto(view))
 
         return await run_rpc(self.gw, "DrainReplica", context, body)
@@ -159,6 +160,7 @@ class AdminService(pb_grpc.AdminServiceServicer):
         async def body():
             self.gw.admin(context)
             view = check(await self.gw.router.call("drain", request.replica_id, False))
+            await self.gw.cluster.refresh()
             return pb.ResumeReplicaResponse(replica=replica_to_proto(view))
 
         return await run_rpc(self.gw, "ResumeReplica", context, body)

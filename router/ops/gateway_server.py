@@ -54,7 +54,7 @@ class GatewayServer:
         views = (lambda: self.gateway.cluster.views) if self.cluster_metrics else None
         registry, gateway_metrics = build_registry(views)
         self.gateway = Gateway(router, self.keys, gateway_metrics)
-        self.gateway.start()
+        await self.gateway.start()
         self.metrics = serve_metrics(cfg.metrics_port, registry, cfg.host)
         self.grpc = await start_grpc_server(
             self.gateway,
