@@ -85,9 +85,7 @@ async def measure(cluster: LocalCluster, args: argparse.Namespace) -> list[Goal]
             figures["lifecycles direct"].append((await direct.lifecycles(conc, 2.5, 0.5, 8)).rate)
             for name, pair in (("one", clients), ("two", [clients[0], client_b])):
                 runs = await asyncio.gather(*(streams(c, STREAMS, tokens // 2) for c in pair))
-                figures[f"{name} gateway(s)"].append(
-                    sum(r.tokens for r in runs) / max(r.wall_s for r in runs)
-                )
+                figures[f"{name} gateway(s)"].append(sum(r.rate for r in runs))
     finally:
         direct.stop()
         for c in (*clients, client_b):

@@ -190,6 +190,7 @@ class GatewayMetrics:
         "time_to_first_token",
         "generated_tokens",
         "open_rejected",
+        "_rpc_children",
     )
 
     def __init__(self, registry: CollectorRegistry) -> None:
@@ -217,6 +218,7 @@ class GatewayMetrics:
             "Tokens streamed to clients.",
             registry=registry,
         )
+        self._rpc_children: dict[tuple[str, StatusCode], tuple] = {}
         self.open_rejected = Counter(
             "session_router_open_rejected_total",
             "OpenSession calls refused, by reason.",
@@ -226,8 +228,14 @@ class GatewayMetrics:
 
     def observe_rpc(self, method: str, code: StatusCode, seconds: float) -> None:
         """Count one finished call (label ``code``: the status name, e.g. "OK")."""
-        self.rpc_requests.labels(method=method, code=StatusCode(code).value).inc()
-        self.rpc_duration.labels(method=method).observe(max(0.0, seconds))
+        children = self._rpc_children.get((method, code))
+        if children is None:  # labels() takes a lock and a lookup: once per method and code
+            children = self._rpc_children[method, code] = (
+                self.rpc_requests.labels(method=method, code=StatusCode(code).value),
+                self.rpc_duration.labels(method=method),
+            )
+        children[0].inc()
+        children[1].observe(max(0.0, seconds))
 
     def observe_first_token(self, seconds: float) -> None:
         self.time_to_first_token.observe(max(0.0, seconds))

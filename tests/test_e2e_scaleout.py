@@ -1,12 +1,16 @@
-"""More gateways in front of one cluster: ``session-router gateway --address`` processes joined to
-a running serve. A session opened through one gateway continues through any other, with the same
-state as a session that never changed gateway; the SIGKILL of the gateway it was opened through
-loses nothing of it; the Converse streams of the killed gateway end with it, and their sessions
-are released."""
+"""Scale-out: more gateways in front of one cluster, and token delivery that follows the client.
+
+``session-router gateway --address`` processes join a running serve: a session opened through one
+gateway continues through any other, with the same state as a session that never changed gateway;
+the SIGKILL of the gateway it was opened through loses nothing of it; the Converse streams of the
+killed gateway end with it, and their sessions are released. A client that reads slowly gets
+merged chunks (what the engine produced while it had not taken the last one), every token in
+order."""
 
 from __future__ import annotations
 
 import queue
+import time
 
 import grpc
 import pytest
@@ -101,4 +105,21 @@ def test_a_session_continues_through_any_gateway_and_outlives_the_one_it_was_ope
             what="the killed gateway's Converse session to be released",
         )
         assert via_b.close_session(session.id)
+    server.wait_at_capacity()
+
+
+def test_a_slow_client_gets_merged_chunks_with_every_token_in_order(server):
+    prompt, new = [7, 8, 9], 300
+    with SessionClient(server.address) as client:
+        with client.open() as reference:
+            expected, expected_text, _ = reference.complete(tokens=prompt, max_new_tokens=new)
+        with client.open() as session:
+            ids, text, sizes = [], [], []
+            for chunk in session.generate(tokens=prompt, max_new_tokens=new, timeout=120):
+                ids.extend(chunk.token_ids)
+                text.append(chunk.text)
+                sizes.append(len(chunk.token_ids))
+                time.sleep(0.03)  # a client that takes 30 ms over each message
+    assert ids == expected and "".join(text) == expected_text
+    assert len(sizes) < len(ids) and max(sizes) > 1, sizes
     server.wait_at_capacity()
