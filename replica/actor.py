@@ -204,4 +204,5 @@ class ReplicaActor(TurnCalls):
     async def shutdown(self) -> None:
         if self._async is not None:
             await self._call(self.engine.close_all, ReleaseReason.ABORTED)
+            self.outputs.close()
             self._async.stop()

@@ -43,13 +43,14 @@ MAX_GONE = 10_000  # gateways remembered as gone (least recently gone forgotten 
 class Outbox:
     """One gateway's entries not yet taken, with the tokens of a running turn merged."""
 
-    __slots__ = ("entries", "_tokens_at", "_waiter")
+    __slots__ = ("entries", "closed", "_tokens_at", "_waiter")
 
     def __init__(self, waiting: Outbox | None = None) -> None:
         """A fresh outbox, holding the entries ``waiting`` has not handed out when given."""
         self.entries: list[DeliveryEntry] = waiting.entries if waiting else []
         self._tokens_at: dict[str, int] = waiting._tokens_at if waiting else {}
         self._waiter: asyncio.Future | None = None  # the stream waiting for an entry
+        self.closed = False
 
     def add(self, event: TurnEvent) -> None:
         if event.finished or event.turn_id < 0:
@@ -65,12 +66,20 @@ class Outbox:
                 self._tokens_at[event.session_id] = len(self.entries)
                 tokens = [event.session_id, event.turn_id, [*event.token_ids], event.text]
                 self.entries.append(tokens)
+        self._wake()
+
+    def close(self) -> None:
+        """No more entries: the stream ends once it has taken what is here."""
+        self.closed = True
+        self._wake()
+
+    def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
     async def take(self) -> list[DeliveryEntry]:
-        """Every entry so far (waits for one)."""
-        while not self.entries:
+        """Every entry so far (waits for one, unless closed)."""
+        while not self.entries and not self.closed:
             self._waiter = asyncio.get_running_loop().create_future()
             try:
                 await self._waiter
@@ -86,6 +95,7 @@ class GatewayOutputs:
         self.on_gone = on_gone
         self._outboxes: dict[str, Outbox] = {}
         self._gone: LRUCache[str, bool] = LRUCache(MAX_GONE)
+        self._closed = False
 
     def dispatch(self, events: Iterable[TurnEvent]) -> None:
         """Queue each event for its gateway (events without one, or for a gateway that is gone,
@@ -119,15 +129,25 @@ class GatewayOutputs:
         self._gone.pop(gateway_id, None)
         outbox = Outbox(self._outboxes.get(gateway_id))
         self._outboxes[gateway_id] = outbox
+        if self._closed:
+            outbox.close()
         try:
-            while True:
-                yield await outbox.take()
+            while not outbox.closed or outbox.entries:
+                entries = await outbox.take()
+                if entries:
+                    yield entries
         finally:
             if self._outboxes.get(gateway_id) is outbox:  # not taken over by a newer stream
                 del self._outboxes[gateway_id]
                 self._gone[gateway_id] = True
-                if self.on_gone is not None:
+                if self.on_gone is not None and not self._closed:
                     self.on_gone(gateway_id)
+
+    def close(self) -> None:
+        """The replica shuts down: every stream ends (its gateway's pump ends quietly)."""
+        self._closed = True
+        for outbox in self._outboxes.values():
+            outbox.close()
 
 
 def release_streams_of(engine: Engine, gateway_id: str) -> list[str]:

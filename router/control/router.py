@@ -32,6 +32,7 @@ from replica.api import (
     replica_lost_message,
 )
 from router.config import RouterConfig
+from router.control.cluster_calls import ClusterCalls
 from router.control.health import HealthWatch
 from router.control.opens import Opener
 from router.control.table import ReplicaEntry, Route, SessionState, SessionTable
@@ -42,7 +43,7 @@ log = logging.getLogger(__name__)
 ROUTER_NAME = "session-router"
 
 
-class SessionRouter:
+class SessionRouter(ClusterCalls):
     def __init__(self, config: RouterConfig | None = None) -> None:
         config = config or RouterConfig()
         self.replicas: dict[str, ReplicaEntry] = {}
@@ -210,41 +211,6 @@ class SessionRouter:
         for sid in session_ids:
             self.sessions.forget(sid)
         await self.opener.notify_room()
-
-    async def update_sessions(
-        self,
-        pins: list[tuple[str, str, str]],
-        forgets: list[str],
-        snapshots: list[PoolSnapshot],
-    ) -> list[bool]:
-        """A gateway's batched news (``router.gateway.router_updates``): sessions it opened on a
-        replica itself (session id, replica id, tenant), sessions it released there, and the
-        replicas' snapshots from those calls' replies. Per pin, whether it was pinned: False when
-        the replica is not a live one here (the gateway then releases the session)."""
-        for snapshot in snapshots:
-            entry = self.replicas.get(snapshot.replica_id)
-            if entry is not None and entry.desc.incarnation == snapshot.incarnation:
-                entry.take(snapshot)
-        pinned = []
-        for session_id, replica_id, tenant in pins:
-            entry = self.replicas.get(replica_id)
-            live = entry is not None and entry.health != ReplicaHealth.DEAD
-            if live:
-                self.sessions.pin(session_id, replica_id, tenant)
-            pinned.append(live)
-        for sid in forgets:
-            self.sessions.forget(sid)
-        if forgets or snapshots:
-            await self.opener.notify_room()
-        return pinned
-
-    async def replica_handles(self) -> dict[str, Any]:
-        """The actor handle of every live replica, by id (gateways open sessions on them)."""
-        return {
-            rid: entry.handle
-            for rid, entry in self.replicas.items()
-            if entry.health != ReplicaHealth.DEAD
-        }
 
     async def session_count(self) -> int:
         return len(self.sessions)

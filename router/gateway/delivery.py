@@ -58,6 +58,8 @@ class Delivery:
                     inbox = inboxes.get(sid)
                     if inbox is not None:
                         inbox.put(entry)
+            log.info("replica %s shut down: its output stream ended", route.replica_id)
+            self.abort_replica(route.replica_id)  # nothing should wait on it; nothing will
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the replica died

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import grpc
+from prometheus_client import CollectorRegistry
 
 from router.config import GatewayConfig
 from router.gateway.auth import ApiKeys
@@ -35,6 +36,7 @@ class GatewayServer:
             config.tls_cert, config.tls_key, config.tls_client_ca
         )
         self.gateway: Gateway | None = None
+        self.registry: CollectorRegistry | None = None  # /metrics: add collectors once started
         self.grpc: grpc.aio.Server | None = None
         self.metrics: MetricsServer | None = None
 
@@ -52,10 +54,10 @@ class GatewayServer:
         """Serve gRPC and /metrics in front of the cluster's ``router`` actor."""
         cfg = self.config
         views = (lambda: self.gateway.cluster.views) if self.cluster_metrics else None
-        registry, gateway_metrics = build_registry(views)
+        self.registry, gateway_metrics = build_registry(views)
         self.gateway = Gateway(router, self.keys, gateway_metrics)
         await self.gateway.start()
-        self.metrics = serve_metrics(cfg.metrics_port, registry, cfg.host)
+        self.metrics = serve_metrics(cfg.metrics_port, self.registry, cfg.host)
         self.grpc = await start_grpc_server(
             self.gateway,
             cfg.grpc_port,

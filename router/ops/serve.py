@@ -29,7 +29,10 @@ from replica import failpoints
 from router.config import ServeConfig
 from router.control.router import ROUTER_NAME, SessionRouter
 from router.gateway.gateway import Gateway
+from router.gateway.router_client import RouterClient
+from router.ops.autoscaler import Autoscaler
 from router.ops.gateway_server import GatewayServer
+from router.ops.scaling_metrics import ScalingMetrics
 from router.ops.scheduling import replica_resources, wait_until_up
 from router.ops.supervisor import ReplicaSupervisor
 
@@ -54,6 +57,7 @@ class Server:
         self.starting: set[str] = set()
         self._replica_ids = itertools.count()
         self.supervisor: ReplicaSupervisor | None = None
+        self.autoscaler: Autoscaler | None = None
 
     @property
     def gateway(self) -> Gateway | None:
@@ -131,6 +135,18 @@ class Server:
             cfg.replicas,
         )
         self.supervisor.start()
+        scaling_metrics = ScalingMetrics(self.front.registry, cfg.replicas)
+        if cfg.autoscaling:
+            self.autoscaler = Autoscaler(
+                cfg.scaling,
+                (cfg.fewest_replicas, cfg.most_replicas),
+                self.replicas,
+                self.starting,
+                self.supervisor,
+                RouterClient(self.router),
+                scaling_metrics,
+            )
+            self.autoscaler.start()
 
     def replica_threads(self) -> int:
         """Torch threads per replica: the setting, else CPU replicas share the cores (one is
@@ -138,7 +154,7 @@ class Server:
         cfg = self.config
         if cfg.replica.threads or cfg.replica_gpus:
             return cfg.replica.threads or 1
-        return max(1, ((os.cpu_count() or 1) - 1) // cfg.replicas)
+        return max(1, ((os.cpu_count() or 1) - 1) // cfg.most_replicas)
 
     async def start_replicas(self, count: int) -> list[str]:
         """Start ``count`` replicas with fresh ids and register them with the router; raises
@@ -150,7 +166,7 @@ class Server:
         replica_config = dataclasses.replace(
             cfg.replica, threads=threads, failpoints=cfg.replica.failpoints | failpoints.from_env()
         )
-        ask = replica_resources(cfg.replica_gpus, cfg.replicas)
+        ask = replica_resources(cfg.replica_gpus, cfg.most_replicas)
         ids = [f"replica-{next(self._replica_ids)}" for _ in range(count)]
         self.starting.update(ids)
         try:
@@ -189,6 +205,8 @@ class Server:
         return ids
 
     async def stop(self) -> None:
+        if self.autoscaler is not None:
+            await self.autoscaler.stop()
         if self.supervisor is not None:
             await self.supervisor.stop()
         await self.front.stop()
