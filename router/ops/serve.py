@@ -24,6 +24,7 @@ import logging
 import os
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from replica import failpoints
 from router.config import ServeConfig
@@ -122,6 +123,11 @@ class Server:
                 max_restarts=-1,
                 max_concurrency=10_000,
                 get_if_exists=True,
+                # beside serve, not on a node that only hosts a gateway (it offers no CPU, and a
+                # zero-CPU actor could land there and die with that gateway)
+                scheduling_strategy=NodeAffinitySchedulingStrategy(
+                    ray.get_runtime_context().get_node_id(), soft=True
+                ),
             )
             .remote(cfg.router)
         )
