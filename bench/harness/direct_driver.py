@@ -10,12 +10,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import secrets
-import time
 from typing import Any
 
 from bench.harness.load import closed_loop
 from bench.harness.window import LifecycleSamples
-from bench.harness.workload import PROMPT, Lifecycle, TokenRounds
+from bench.harness.workload import PROMPT, Lifecycle, TokenRounds, timed_lifecycle, token_rounds
 from replica.api import ActorError, ReleaseReason, SamplingParams
 from router.gateway.inbox import Inbox, pieces
 from router.gateway.replica_calls import ReplicaCalls
@@ -76,15 +75,11 @@ class DirectDriver:
     async def lifecycle(self, new_tokens: int) -> Lifecycle:
         """Open, turn, close on the next replica: three actor calls."""
         handle = next(self._next)
-        t0 = time.perf_counter()
-        session_id = await self.open(handle)
-        t1 = time.perf_counter()
-        try:
-            tokens = await self.turn(handle, session_id, new_tokens)
-        finally:
-            t2 = time.perf_counter()
-            await self.close(handle, session_id)
-        return Lifecycle(t0, t1, t2, time.perf_counter(), tokens)
+        return await timed_lifecycle(
+            lambda: self.open(handle),
+            lambda sid: self.turn(handle, sid, new_tokens),
+            lambda sid: self.close(handle, sid),
+        )
 
     async def lifecycles(
         self, concurrency: int, seconds: float, warmup: float, new_tokens: int
@@ -95,16 +90,13 @@ class DirectDriver:
     async def token_rounds(self, sessions: int, new_tokens: int, rounds: int) -> TokenRounds:
         """``sessions`` sessions on the first replica, ``rounds`` turns on all at once."""
         handle = self.handles[0]
-        ids = await asyncio.gather(*(self.open(handle) for _ in range(sessions)))
-        result = TokenRounds()
-        try:
-            for _ in range(rounds):
-                t0 = time.perf_counter()
-                counts = await asyncio.gather(*(self.turn(handle, s, new_tokens) for s in ids))
-                result.rounds.append((sum(counts), time.perf_counter() - t0))
-        finally:
-            await asyncio.gather(*(self.close(handle, s) for s in ids))
-        return result
+        return await token_rounds(
+            lambda: self.open(handle),
+            lambda sid: self.turn(handle, sid, new_tokens),
+            lambda sid: self.close(handle, sid),
+            sessions,
+            rounds,
+        )
 
     def stop(self) -> None:
         for pump in self._pumps:

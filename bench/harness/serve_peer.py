@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import time
 from typing import Any
 
 from bench.harness.load import closed_loop
 from bench.harness.window import LifecycleSamples
-from bench.harness.workload import PROMPT, Lifecycle, TokenRounds
+from bench.harness.workload import PROMPT, Lifecycle, TokenRounds, timed_lifecycle, token_rounds
 from replica.api import SamplingParams
 from replica.config import ReplicaConfig
 
@@ -111,16 +110,13 @@ class ServeDriver:
         session_id = secrets.token_hex(16)
         return await self._for(session_id).open.remote(session_id)
 
+    async def _close(self, session_id: str) -> bool:
+        return await self._for(session_id).close.remote(session_id)
+
     async def lifecycle(self, new_tokens: int) -> Lifecycle:
-        t0 = time.perf_counter()
-        session_id = await self._open()
-        t1 = time.perf_counter()
-        try:
-            tokens = await self._turn(session_id, new_tokens)
-        finally:
-            t2 = time.perf_counter()
-            await self._for(session_id).close.remote(session_id)
-        return Lifecycle(t0, t1, t2, time.perf_counter(), tokens)
+        return await timed_lifecycle(
+            self._open, lambda sid: self._turn(sid, new_tokens), self._close
+        )
 
     async def lifecycles(
         self, concurrency: int, seconds: float, warmup: float, new_tokens: int
@@ -128,13 +124,6 @@ class ServeDriver:
         return await closed_loop(lambda: self.lifecycle(new_tokens), concurrency, seconds, warmup)
 
     async def token_rounds(self, sessions: int, new_tokens: int, rounds: int) -> TokenRounds:
-        ids = await asyncio.gather(*(self._open() for _ in range(sessions)))
-        result = TokenRounds()
-        try:
-            for _ in range(rounds):
-                t0 = time.perf_counter()
-                counts = await asyncio.gather(*(self._turn(s, new_tokens) for s in ids))
-                result.rounds.append((sum(counts), time.perf_counter() - t0))
-        finally:
-            await asyncio.gather(*(self._for(s).close.remote(s) for s in ids))
-        return result
+        return await token_rounds(
+            self._open, lambda sid: self._turn(sid, new_tokens), self._close, sessions, rounds
+        )

@@ -38,6 +38,7 @@ from router.config import ScalingConfig
 from router.control.placement import is_healthy, session_room
 from router.control.views import ReplicaView
 from router.gateway.router_client import RouterClient
+from router.ops.periodic import Periodic
 from router.ops.scaling_metrics import ScalingMetrics
 from router.ops.supervisor import ReplicaSupervisor
 
@@ -69,27 +70,16 @@ class Autoscaler:
         self.supervisor = supervisor
         self.router = router
         self.metrics = metrics
-        self.interval_s = interval_s
         self.clock = clock
         self._low_since: float | None = None  # room below the threshold since
         self._spare_since: float | None = None  # an idle replica's room unneeded since
-        self._task: asyncio.Task | None = None
+        self.rounds = Periodic("the autoscaler", self.step, interval_s)
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        self.rounds.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                await self.step()
-            except Exception as exc:  # noqa: BLE001 - tried again next round
-                log.warning("autoscaler: this round failed: %s", exc)
+        await self.rounds.stop()
 
     async def step(self) -> None:
         """One round: look at the room, and add or remove at most one replica."""
