@@ -57,8 +57,8 @@ class DirectOpener:
             return None
         calls = self.calls.of(replica_id, handle)
         args = (session_id, idle_timeout_s, self.gateway_id, tenant, lease_s)
-        opened = asyncio.ensure_future(calls.open(args))
-        pinned = asyncio.ensure_future(self.updates.pin(session_id, replica_id, tenant))
+        opened = calls.open(args)
+        pinned = self.updates.pin(session_id, replica_id, tenant)
         self.in_flight[replica_id] += 1
         try:
             await asyncio.wait((opened, pinned))

@@ -10,6 +10,7 @@ of the batch.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from replica.api import (
@@ -19,7 +20,6 @@ from replica.api import (
     OpenedBatch,
     PoolSnapshot,
     ReleaseReason,
-    SessionInfo,
     TurnArgs,
 )
 from router.gateway.batching import CallBatcher
@@ -42,10 +42,10 @@ class ReplicaCalls:
     async def _submit(self, turns: list[TurnArgs]) -> list[int | ActorError] | ActorError:
         return await self.handle.submit_turns.remote(self.gateway_id, turns)
 
-    async def open(
-        self, args: OpenArgs
-    ) -> tuple[SessionInfo | ActorError, PoolSnapshot] | ActorError:
-        return await self.opens.call(args)
+    def open(self, args: OpenArgs) -> asyncio.Future:
+        """The future of an open: ``(SessionInfo or its refusal, snapshot)``, or an
+        ``ActorError`` for the whole call."""
+        return self.opens.submit(args)
 
     async def submit(self, turn: TurnArgs) -> int | ActorError:
         return await self.submits.call(turn)

@@ -39,10 +39,11 @@ class RouterUpdates:
         answers = iter(pinned)
         return [next(answers) if kind == PIN else None for kind, _ in requests]
 
-    async def pin(self, session_id: str, replica_id: str, tenant: str) -> bool | ActorError:
-        """Pin a session opened on ``replica_id``; False when the router does not know that
-        replica as a live one (the session must not be kept)."""
-        return await self._batcher.call((PIN, (session_id, replica_id, tenant)))
+    def pin(self, session_id: str, replica_id: str, tenant: str) -> asyncio.Future:
+        """Pin a session opened on ``replica_id``; the future of whether it was pinned (False:
+        the router does not know that replica as a live one, so the session must not be kept),
+        or of an ``ActorError``."""
+        return self._batcher.submit((PIN, (session_id, replica_id, tenant)))
 
     def forget(self, session_id: str, snapshot: PoolSnapshot | None = None) -> asyncio.Future:
         """A session released on its replica (with the replica's snapshot right after, when
