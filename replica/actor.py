@@ -1,9 +1,5 @@
 """``ReplicaActor``: the Ray actor that owns one replica's engine, pools and sessions.
 
-Token delivery: each gateway keeps one long-lived streaming call, ``stream_outputs(gateway_id)``,
-per replica (``replica.gateway_outputs``), so a turn costs one actor call to submit and no Ray
-round trip per token.
-
 Refusals come back as ``ActorError`` values (a gRPC status name and a message), never as raised
 exceptions, so callers map them without unwrapping Ray errors. The actor pushes its
 ``PoolSnapshot`` to the router about every second (``replica.reporting``).
@@ -14,8 +10,10 @@ router (which marks it DEAD, restores its sessions elsewhere from their checkpoi
 placing on it), stops reporting snapshots and answers ``ping`` with False; every later call is
 refused with ABORTED. The serve process then kills it and starts a replacement.
 
-The calls about sessions (open, close, turns, leases) are ``SessionsAPI``'s; moving sessions to
-and from other replicas is ``SessionMovesAPI``'s; checkpoints are ``CheckpointsAPI``'s.
+The calls about sessions (opens, one by one from the router or batched from gateways; closes;
+lookups) are ``SessionsAPI``'s; turns, leases and their token streams ``TurnCalls``'s; moving
+sessions to and from other replicas is ``SessionMovesAPI``'s; checkpoints are
+``CheckpointsAPI``'s.
 """
 
 from __future__ import annotations
@@ -25,9 +23,12 @@ import dataclasses
 import logging
 from typing import Any
 
+import ray
+
 from replica.actor_checkpoints import CheckpointsAPI
 from replica.actor_moves import SessionMovesAPI
 from replica.actor_sessions import SessionsAPI
+from replica.actor_turns import TurnCalls
 from replica.api import (
     ActorError,
     PoolSnapshot,
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 __all__ = ["CheckpointStore", "ReplicaActor"]  # the serve process starts a store per replica
 
 
-class ReplicaActor(SessionsAPI, SessionMovesAPI, CheckpointsAPI):
+class ReplicaActor(SessionsAPI, TurnCalls, SessionMovesAPI, CheckpointsAPI):
     def __init__(
         self,
         replica_id: str,
@@ -70,7 +71,7 @@ class ReplicaActor(SessionsAPI, SessionMovesAPI, CheckpointsAPI):
         self.engine = Engine(self.config, net, tokenizer, replica_id)
         self.router = router
         self.report_interval_s = report_interval_s
-        self.outputs = GatewayOutputs()
+        self.outputs = GatewayOutputs(on_gone=self._gateway_gone)
         self.checkpoint_outbox: CheckpointOutbox | None = None
         self.checkpoint_store: Any = None  # set when the store follows this replica
         self._async = None
@@ -115,8 +116,6 @@ class ReplicaActor(SessionsAPI, SessionMovesAPI, CheckpointsAPI):
         task.add_done_callback(self._tasks.discard)
 
     async def _registration(self) -> tuple:
-        import ray
-
         return (
             ray.get_runtime_context().current_actor,
             await self.describe(),
@@ -148,8 +147,6 @@ class ReplicaActor(SessionsAPI, SessionMovesAPI, CheckpointsAPI):
     # ----- the router's and gateways' API ---------------------------------------------------
 
     async def describe(self) -> ReplicaDescription:
-        import ray
-
         await self._ensure_started()
         pools = self.config.pools
         return ReplicaDescription(
@@ -186,12 +183,6 @@ class ReplicaActor(SessionsAPI, SessionMovesAPI, CheckpointsAPI):
         await self._ensure_started()
         return self._async.error is None
 
-    async def stream_outputs(self, gateway_id: str):
-        """Long-lived stream: one item per engine step with events for ``gateway_id``."""
-        await self._ensure_started()
-        async for batch in self.outputs.stream(gateway_id):
-            yield batch
-
     async def shutdown(self) -> int:
         """Release every session (reason ``aborted``) and stop the engine; returns how many
         sessions it released."""
@@ -204,5 +195,6 @@ class ReplicaActor(SessionsAPI, SessionMovesAPI, CheckpointsAPI):
             return count
 
         released = await self._call(release_all)
+        self.outputs.close()
         self._async.stop()
         return released if isinstance(released, int) else 0

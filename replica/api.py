@@ -212,6 +212,20 @@ class TurnEvent:
         return self.finish_reason is not None or self.error_code is not None
 
 
+# A gateway's output stream (``ReplicaActor.stream_outputs``) yields lists of entries in the order
+# the engine produced them: a ``TokenEntry`` for tokens of a running turn (consecutive ones of a
+# turn merged), a ``TurnEvent`` for the last event of a turn (finish or error) and for events about
+# a session (turn_id -1). Plain lists pickle about ten times faster than dataclasses, and nearly
+# every entry is tokens.
+TokenEntry = list  # [session_id: str, turn_id: int, token_ids: list[int], text: str]
+DeliveryEntry = TokenEntry | TurnEvent
+
+
+def entry_session(entry: DeliveryEntry) -> str:
+    """The session an entry is about."""
+    return entry[0] if type(entry) is list else entry.session_id
+
+
 @dataclass(frozen=True, slots=True)
 class SessionInfo:
     session_id: str
@@ -228,6 +242,20 @@ class Opened:
 
     info: SessionInfo
     snapshot: PoolSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class OpenedBatch:
+    """Sessions opened on a replica in one call (each an info or its refusal, in the order
+    asked), and the replica's snapshot after the last."""
+
+    results: tuple[SessionInfo | ActorError, ...]
+    snapshot: PoolSnapshot
+
+
+# The batched calls of a gateway carry plain tuples (``replica.batch_calls``):
+OpenArgs = tuple  # (session_id, idle_timeout_s, gateway_id, tenant, lease_s)
+TurnArgs = tuple  # (session_id, text | None, token_ids | None, SamplingParams)
 
 
 @dataclass(frozen=True, slots=True)

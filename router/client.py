@@ -11,12 +11,23 @@ Over TLS (``serve --tls-cert``), pass ``credentials=tls_credentials(ca_file)``, 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 
 import grpc
 
 from protos import session_router_pb2 as pb
 from protos import session_router_pb2_grpc as pb_grpc
+
+# How far gRPC may send a token stream ahead of the client's reads: the HTTP/2 stream window. A
+# client that reads slowly fills it soon, gRPC's flow control then holds the gateway's next write,
+# and the gateway merges what the engine produces meanwhile into that message: messages grow with
+# the client's backlog, and no more than this waits in the transport. (gRPC's BDP probing would
+# grow the window on a fast link, so it is off; a merged message carries a few bytes per token.)
+STREAM_WINDOW_BYTES = 1024
+CHANNEL_OPTIONS = (
+    ("grpc.http2.lookahead_bytes", STREAM_WINDOW_BYTES),
+    ("grpc.http2.bdp_probe", 0),
+)
 
 
 def tls_credentials(
@@ -62,7 +73,8 @@ def generate_request(
 class _Stubs:
     """The stubs, credentials and turn call shared by the blocking and the asyncio client; the
     stubs behave alike over either kind of channel (calls are iterators or async iterators).
-    With ``credentials`` the channel is TLS (``tls_credentials``)."""
+    With ``credentials`` the channel is TLS (``tls_credentials``); ``options`` are the channel's
+    (by default a small stream window, ``CHANNEL_OPTIONS``)."""
 
     grpc_kind = grpc  # the module that makes the channel: grpc or grpc.aio
 
@@ -71,11 +83,12 @@ class _Stubs:
         address: str,
         api_key: str | None = None,
         credentials: grpc.ChannelCredentials | None = None,
+        options: Sequence[tuple[str, int]] = CHANNEL_OPTIONS,
     ) -> None:
         if credentials is None:
-            channel = self.grpc_kind.insecure_channel(address)
+            channel = self.grpc_kind.insecure_channel(address, options=options)
         else:
-            channel = self.grpc_kind.secure_channel(address, credentials)
+            channel = self.grpc_kind.secure_channel(address, credentials, options=options)
         self.channel = channel
         self.sessions = pb_grpc.SessionServiceStub(channel)
         self.admin = pb_grpc.AdminServiceStub(channel)

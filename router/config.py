@@ -1,9 +1,10 @@
 """The settings of ``session-router serve``: one tree, each setting declared once.
 
 ``ServeConfig`` holds the cluster-level settings and contains ``ReplicaConfig`` (which contains
-the pool sizes), ``RouterConfig`` and ``GatewayConfig``. The command line is generated from these
-fields (``router.flags``); ``ServeConfig.from_flags(max_sessions=8, ...)`` builds one from flag
-names, which is how the demo, the benchmarks and the tests make theirs.
+the pool sizes), ``RouterConfig`` and ``GatewayConfig``; ``JoinConfig`` (``session-router
+gateway``) holds the Ray address to join and a ``GatewayConfig``. The command line is generated
+from these fields (``router.flags``); ``ServeConfig.from_flags(max_sessions=8, ...)`` builds one
+from flag names, which is how the demo, the benchmarks and the tests make theirs.
 """
 
 from __future__ import annotations
@@ -78,6 +79,29 @@ class GatewayConfig:
 
 
 @dataclass(frozen=True)
+class ScalingConfig:
+    """When the autoscaler adds and removes replicas (it is on when --max-replicas exceeds
+    --min-replicas): up when the cluster's free session room stays low, down when an idle
+    replica's room has stayed unneeded."""
+
+    scale_up_free_sessions: int = setting(
+        4, "add a replica when the cluster's free session room (GPU and host) stays below this"
+    )
+    scale_up_after_s: float = setting(5.0, "... for this long")
+    scale_down_after_s: float = setting(
+        60.0,
+        "remove an idle replica once the others' free room has stayed at twice "
+        "--scale-up-free-sessions or more for this long",
+    )
+
+    def __post_init__(self) -> None:
+        if self.scale_up_free_sessions < 1:
+            raise ValueError("--scale-up-free-sessions must be at least 1")
+        if self.scale_up_after_s < 0 or self.scale_down_after_s < 0:
+            raise ValueError("--scale-up-after-s and --scale-down-after-s must be >= 0")
+
+
+@dataclass(frozen=True)
 class ServeConfig:
     address: str | None = setting(
         None, "Ray address to join ('auto'); default: an embedded local Ray"
@@ -88,17 +112,39 @@ class ServeConfig:
     replica_start_timeout_s: float = setting(
         120.0, "start-up fails, saying why, when a replica is not up after this long"
     )
+    min_replicas: int = setting(0, "autoscaling: the fewest replicas (0: --replicas)")
+    max_replicas: int = setting(
+        0, "autoscaling: the most replicas (0: --replicas); above --min-replicas turns it on"
+    )
     replica: ReplicaConfig = nested(ReplicaConfig)
     router: RouterConfig = nested(RouterConfig)
     gateway: GatewayConfig = nested(GatewayConfig)
+    scaling: ScalingConfig = nested(ScalingConfig)
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise ValueError("--replicas must be at least 1")
+        if not self.fewest_replicas <= self.replicas <= self.most_replicas:
+            raise ValueError(
+                f"--replicas ({self.replicas}) must lie within --min-replicas..--max-replicas "
+                f"({self.fewest_replicas}..{self.most_replicas}; 0 means --replicas)"
+            )
         if self.replica_gpus < 0:
             raise ValueError("--replica-gpus must be >= 0")
         if self.replica_start_timeout_s <= 0:
             raise ValueError("--replica-start-timeout-s must be positive")
+
+    @property
+    def fewest_replicas(self) -> int:
+        return self.min_replicas or self.replicas
+
+    @property
+    def most_replicas(self) -> int:
+        return self.max_replicas or self.replicas
+
+    @property
+    def autoscaling(self) -> bool:
+        return self.most_replicas > self.fewest_replicas
 
     @classmethod
     def from_flags(cls, **flags: Any) -> ServeConfig:
@@ -106,3 +152,22 @@ class ServeConfig:
         from router.flags import build
 
         return build(cls, flags)
+
+
+@dataclass(frozen=True)
+class JoinConfig:
+    """The settings of ``session-router gateway``: one more gateway in front of a running cluster
+    (``--address`` is required; checked when the command runs, so that the defaults build)."""
+
+    address: str | None = setting(
+        None, "Ray address of the running cluster, as serve prints it ('Ray at ADDR')"
+    )
+    namespace: str = setting(NAMESPACE, "Ray namespace of the cluster's named actors")
+    router_wait_s: float = setting(
+        60.0, "how long to wait for the cluster's router actor to appear before giving up"
+    )
+    gateway: GatewayConfig = nested(GatewayConfig)
+
+    def __post_init__(self) -> None:
+        if self.router_wait_s < 0:
+            raise ValueError("--router-wait-s must be >= 0")

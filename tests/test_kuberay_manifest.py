@@ -212,21 +212,50 @@ def test_a_worker_group_has_gpus(raycluster):
     assert gpu_groups, "no worker group requests nvidia.com/gpu"
 
 
-def test_service_and_podmonitor_target_the_head_ports(raycluster, head_container):
+def gateway_group(raycluster):
+    (group,) = [g for g in raycluster["spec"]["workerGroupSpecs"] if g["groupName"] == "gateway"]
+    return group
+
+
+def test_gateway_pods_join_the_cluster_and_offer_it_nothing(raycluster):
+    group = gateway_group(raycluster)
+    assert group["rayStartParams"]["num-cpus"] == "0", "actors must not land on a gateway pod"
+    assert group["rayStartParams"]["num-gpus"] == "0"
+    (container,) = group["template"]["spec"]["containers"]
+    script = " ".join(container.get("command", []) + container.get("args", []))
+    assert "session-router gateway --address auto --host 0.0.0.0" in script
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["grpc"] == 50051 and ports["metrics"] == 9400
+
+
+def test_serve_autoscales_within_the_gpu_groups_bounds(raycluster, head_container):
+    script = " ".join(head_container.get("command", []) + head_container.get("args", []))
+    most = int(script.split("--max-replicas ")[1].split()[0])
+    (gpu,) = [g for g in raycluster["spec"]["workerGroupSpecs"] if g["groupName"] == "gpu"]
+    assert raycluster["spec"]["enableInTreeAutoscaling"], "pending replicas must add GPU nodes"
+    assert gpu["maxReplicas"] == most
+
+
+def test_service_and_podmonitor_target_every_gateway(raycluster, head_container):
     cluster = raycluster["metadata"]["name"]
-    head_selector = {"ray.io/cluster": cluster, "ray.io/node-type": "head"}
+    selector = {"ray.io/cluster": cluster, "session-router.io/gateway": "true"}
+    labelled = [raycluster["spec"]["headGroupSpec"], gateway_group(raycluster)]
+    for group in labelled:
+        assert group["template"]["metadata"]["labels"]["session-router.io/gateway"] == "true"
+    (gateway_container,) = gateway_group(raycluster)["template"]["spec"]["containers"]
     port_names = {p["name"] for p in head_container["ports"]}
+    assert port_names >= {p["name"] for p in gateway_container["ports"]}
 
     service = load("service.yaml")
     assert service["apiVersion"] == "v1" and service["kind"] == "Service"
-    assert service["spec"]["selector"] == head_selector
+    assert service["spec"]["selector"] == selector
     targets = {p["name"]: p["targetPort"] for p in service["spec"]["ports"]}
     assert targets == {"grpc": "grpc", "metrics": "metrics"}
     assert set(targets.values()) <= port_names
 
     monitor = load("podmonitor.yaml")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1" and monitor["kind"] == "PodMonitor"
-    assert monitor["spec"]["selector"]["matchLabels"] == head_selector
+    assert monitor["spec"]["selector"]["matchLabels"] == selector
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
     assert endpoint["port"] == "metrics" and endpoint["port"] in port_names
     job = [r for r in endpoint.get("relabelings", []) if r.get("targetLabel") == "job"]

@@ -1,7 +1,8 @@
 """The session workloads straight on the replica actors: what the gateway does, minus gRPC and
-the router. Opens, turns and closes are actor calls from this process; one long-lived
-``stream_outputs`` generator per replica (kept open, as a gateway keeps it) hands each step's
-events to per-session queues; replicas are taken round robin.
+the router. Opens, turns and closes are actor calls from this process, batched per replica as the
+gateway batches them (``router.gateway.replica_calls``); one long-lived ``stream_outputs``
+generator per replica (kept open, as a gateway keeps it) hands each item's entries to per-session
+inboxes; replicas are taken round robin.
 """
 
 from __future__ import annotations
@@ -9,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import secrets
-import time
 from typing import Any
 
 from bench.harness.load import closed_loop
 from bench.harness.window import LifecycleSamples
-from bench.harness.workload import PROMPT, Lifecycle, TokenRounds
-from replica.api import ActorError, SamplingParams, TurnEvent
+from bench.harness.workload import PROMPT, Lifecycle, TokenRounds, timed_lifecycle, token_rounds
+from replica.api import ActorError, ReleaseReason, SamplingParams
+from router.gateway.inbox import Inbox, pieces
+from router.gateway.replica_calls import ReplicaCalls
 
 
 class DirectDriver:
@@ -24,23 +26,25 @@ class DirectDriver:
     def __init__(self, handles: list[Any]) -> None:
         self.handles = handles
         self.gateway_id = f"bench-direct-{secrets.token_hex(4)}"
-        self.inboxes: dict[str, asyncio.Queue[TurnEvent]] = {}
+        self.inboxes: dict[str, Inbox] = {}
         self._next = itertools.cycle(handles)
+        self._calls = {id(h): ReplicaCalls(self.gateway_id, h) for h in handles}
         loop = asyncio.get_running_loop()
         self._pumps = [loop.create_task(self._pump(h)) for h in handles]
 
     async def _pump(self, handle: Any) -> None:
         async for ref in handle.stream_outputs.remote(self.gateway_id):
-            for event in await ref:
-                inbox = self.inboxes.get(event.session_id)
+            for entry in await ref:
+                inbox = self.inboxes.get(entry[0] if type(entry) is list else entry.session_id)
                 if inbox is not None:
-                    inbox.put_nowait(event)
+                    inbox.put(entry)
 
     async def open(self, handle: Any) -> str:
         """Opens a session on ``handle``'s replica (one actor call); returns its id."""
         session_id = secrets.token_hex(16)
-        self.inboxes[session_id] = asyncio.Queue()
-        info = await handle.open_session.remote(session_id, 0.0, self.gateway_id)
+        self.inboxes[session_id] = Inbox(session_id, "")
+        opened = await self._calls[id(handle)].open((session_id, 0.0, self.gateway_id, "", 0.0))
+        info = opened if isinstance(opened, ActorError) else opened[0]
         if isinstance(info, ActorError):
             del self.inboxes[session_id]
             raise RuntimeError(info.code)
@@ -50,38 +54,32 @@ class DirectDriver:
         """One turn (one actor call, then the events from the stream); returns its tokens."""
         inbox = self.inboxes[session_id]
         sampling = SamplingParams(max_new_tokens=new_tokens)
-        turn_id = await handle.submit_turn.remote(
-            self.gateway_id, session_id, None, list(PROMPT), sampling
-        )
+        turn_id = await self._calls[id(handle)].submit((session_id, None, list(PROMPT), sampling))
         if isinstance(turn_id, ActorError):
             raise RuntimeError(turn_id.code)
         tokens = 0
         while True:
-            event = await inbox.get()
-            if event.turn_id != turn_id:
-                continue
-            if event.error_code is not None:
-                raise RuntimeError(event.error_code)
-            tokens += len(event.token_ids)
-            if event.finished:
-                return tokens
+            for piece in pieces(await inbox.take()):
+                if piece.turn_id != turn_id:
+                    continue
+                if piece.failed:
+                    raise RuntimeError(piece.end.error_code)
+                tokens += len(piece.token_ids)
+                if piece.end is not None:
+                    return tokens
 
     async def close(self, handle: Any, session_id: str) -> None:
-        await handle.close_sessions.remote([session_id])
+        await self._calls[id(handle)].close(session_id, ReleaseReason.CLOSED)
         self.inboxes.pop(session_id, None)
 
     async def lifecycle(self, new_tokens: int) -> Lifecycle:
         """Open, turn, close on the next replica: three actor calls."""
         handle = next(self._next)
-        t0 = time.perf_counter()
-        session_id = await self.open(handle)
-        t1 = time.perf_counter()
-        try:
-            tokens = await self.turn(handle, session_id, new_tokens)
-        finally:
-            t2 = time.perf_counter()
-            await self.close(handle, session_id)
-        return Lifecycle(t0, t1, t2, time.perf_counter(), tokens)
+        return await timed_lifecycle(
+            lambda: self.open(handle),
+            lambda sid: self.turn(handle, sid, new_tokens),
+            lambda sid: self.close(handle, sid),
+        )
 
     async def lifecycles(
         self, concurrency: int, seconds: float, warmup: float, new_tokens: int
@@ -92,16 +90,13 @@ class DirectDriver:
     async def token_rounds(self, sessions: int, new_tokens: int, rounds: int) -> TokenRounds:
         """``sessions`` sessions on the first replica, ``rounds`` turns on all at once."""
         handle = self.handles[0]
-        ids = await asyncio.gather(*(self.open(handle) for _ in range(sessions)))
-        result = TokenRounds()
-        try:
-            for _ in range(rounds):
-                t0 = time.perf_counter()
-                counts = await asyncio.gather(*(self.turn(handle, s, new_tokens) for s in ids))
-                result.rounds.append((sum(counts), time.perf_counter() - t0))
-        finally:
-            await asyncio.gather(*(self.close(handle, s) for s in ids))
-        return result
+        return await token_rounds(
+            lambda: self.open(handle),
+            lambda sid: self.turn(handle, sid, new_tokens),
+            lambda sid: self.close(handle, sid),
+            sessions,
+            rounds,
+        )
 
     def stop(self) -> None:
         for pump in self._pumps:

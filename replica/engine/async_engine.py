@@ -2,9 +2,12 @@
 
 The engine is single-threaded by contract, so this wrapper gives it one thread that owns it.
 Callers on the event loop send commands (``call``) that the engine thread runs between steps, and
-receive each step's ``TurnEvent``s through the ``on_events`` callback, called on the event loop
-(preceded by ``on_checkpoints`` with what the step left to checkpoint, when checkpoints are on).
-The engine thread never blocks on the event loop, and the event loop never waits for a step.
+receive the steps' ``TurnEvent``s through the ``on_events`` callback, called on the event loop
+(preceded by ``on_checkpoints`` with what a step left to checkpoint, when checkpoints are on):
+the steps that end while the loop is busy are handed over together, in one wake-up of the loop
+(one per step would cost a wake-up and a callback per step, and contend for the GIL with the
+engine thread). The engine thread never blocks on the event loop, and the event loop never waits
+for a step.
 Between steps the thread also releases (and, with ``park_after_idle_s``, parks) idle sessions about
 every second, and publishes a fresh ``PoolSnapshot`` (``latest_snapshot``) about every
 ``snapshot_interval_s``, so readers never touch the pools.
@@ -60,6 +63,10 @@ class AsyncEngine:
         self._snapshot_interval_s = snapshot_interval_s
         self.latest_snapshot: PoolSnapshot = engine.snapshot()
         self.error: BaseException | None = None
+        self._handoff: list[TurnEvent] = []  # events the event loop has not taken yet
+        self._handoff_checkpoints: list[CheckpointBatch] = []  # and checkpoints
+        self._handoff_due = False  # a wake-up of the event loop is on its way
+        self._handoff_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self._thread.start()
 
@@ -79,10 +86,10 @@ class AsyncEngine:
                 self._apply_commands(block=not self.engine.has_work)
                 events = self.engine.step() if self.engine.has_work else self.engine.take_events()
                 checkpoints = self.engine.take_checkpoints()
-                if checkpoints and self._on_checkpoints:  # first: they hold back turn endings
-                    self._loop.call_soon_threadsafe(self._on_checkpoints, checkpoints)
-                if events:
-                    self._loop.call_soon_threadsafe(self._on_events, events)
+                if not (checkpoints and self._on_checkpoints):
+                    checkpoints = None
+                if events or checkpoints:
+                    self._hand_over(events, checkpoints)
                 now = time.monotonic()
                 if now >= next_idle_check:
                     next_idle_check = now + 1.0
@@ -97,6 +104,30 @@ class AsyncEngine:
             log.exception("engine thread died")
             self.error = exc
             self._loop.call_soon_threadsafe(self._failed)
+
+    def _hand_over(self, events: list[TurnEvent], checkpoints: CheckpointBatch | None) -> None:
+        """On the engine thread: queue a step's events and checkpoints; wake the event loop
+        unless a wake-up is already on its way (it will take these too)."""
+        with self._handoff_lock:
+            self._handoff.extend(events)
+            if checkpoints:
+                self._handoff_checkpoints.append(checkpoints)
+            if self._handoff_due:
+                return
+            self._handoff_due = True
+        self._loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        """On the event loop: every checkpoint, then every event handed over since the last
+        wake-up, in order (checkpoints first: they hold back the turn endings they cover)."""
+        with self._handoff_lock:
+            events, self._handoff = self._handoff, []
+            checkpoints, self._handoff_checkpoints = self._handoff_checkpoints, []
+            self._handoff_due = False
+        for batch in checkpoints:
+            self._on_checkpoints(batch)
+        if events:
+            self._on_events(events)
 
     def _failure(self) -> EngineFailedError:
         return EngineFailedError(

@@ -95,6 +95,20 @@ def room_of(view: ReplicaView, reserved: Mapping[str, int] | None = None) -> Roo
     )
 
 
+def session_room(view: ReplicaView) -> int:
+    """How many new sessions a replica can still take: those that fit every GPU pool, plus its
+    free host slots (each takes a parked session); 0 when it is not healthy or has no snapshot."""
+    room = room_of(view) if is_healthy(view) else None
+    if room is None:
+        return 0
+    gpu = min(
+        room.free_mamba // max(1, room.mamba_needed),
+        room.free_req,
+        room.free_kv_tokens // max(1, room.kv_tokens_needed),
+    )
+    return max(0, gpu) + room.free_host
+
+
 def candidates(
     views: Sequence[ReplicaView], reserved: Mapping[str, int] | None = None
 ) -> list[Room]:

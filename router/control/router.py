@@ -34,6 +34,7 @@ from replica.api import (
 )
 from router.config import RouterConfig
 from router.control.admin_calls import AdminCalls
+from router.control.cluster_calls import ClusterCalls
 from router.control.drain import Drainer
 from router.control.failover import Failover, FailoverOutcome
 from router.control.health import HealthWatch
@@ -47,7 +48,7 @@ log = logging.getLogger(__name__)
 ROUTER_NAME = "session-router"
 
 
-class SessionRouter(AdminCalls):
+class SessionRouter(AdminCalls, ClusterCalls):
     def __init__(self, config: RouterConfig | None = None) -> None:
         config = config or RouterConfig()
         self.replicas: dict[str, ReplicaEntry] = {}

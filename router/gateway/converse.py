@@ -11,8 +11,9 @@ peer), the session is released at once (reason ``stream_ended``). A refused inpu
 stream with its status code, and the session is released too. The idle timeout does not apply
 while the stream is open (``router.gateway.stream_leases``).
 
-The stream's inbox carries the engine's ``TurnEvent``s and a ``ClientReady`` mark whenever the
-client's messages are waiting in ``PendingInputs``.
+The stream's inbox carries the replica's entries for the session and a ``ClientReady`` mark
+whenever the client's messages are waiting in ``PendingInputs``; each turn's entries taken at once
+go out as one message (``router.gateway.inbox``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from protos import session_router_pb2 as pb
-from replica.api import ReleaseReason, StatusCode, TurnEvent
+from replica.api import ReleaseReason, StatusCode
 from router.control.table import Route
 from router.gateway.converse_inputs import (
     ClientFailed,
@@ -33,8 +34,8 @@ from router.gateway.converse_inputs import (
     PendingInputs,
 )
 from router.gateway.convert import Refused, check, session_to_proto
-from router.gateway.delivery import ReplicaLost
 from router.gateway.gateway import Gateway
+from router.gateway.inbox import Piece, ReplicaLost, pieces
 from router.gateway.stream_leases import LEASE_S
 
 
@@ -72,20 +73,21 @@ class Conversation:
         self.reader = asyncio.get_running_loop().create_task(self._read(pending))
         half_closed = False
         while not (half_closed and not self.live):
-            match await inbox.get():
-                case ClientReady():
-                    for message in pending.take():
-                        half_closed = await self._act(message) or half_closed
-                case ReplicaLost() as lost if lost.replica_id == inbox.replica_id:
-                    for chunk in await self._replica_lost(lost):
-                        yield pb.ConverseResponse(chunk=chunk)
-                case TurnEvent() as event if event.turn_id in self.live or event.turn_id == -1:
-                    if event.finished:
-                        self.live.discard(event.turn_id)
-                    yield pb.ConverseResponse(
-                        chunk=self.gw.chunk(event, self.started, self.first_token)
-                    )
-                    self.first_token = self.first_token and not event.token_ids
+            for item in pieces(await inbox.take()):
+                match item:
+                    case ClientReady():
+                        for message in pending.take():
+                            half_closed = await self._act(message) or half_closed
+                    case ReplicaLost() as lost if lost.replica_id == inbox.replica_id:
+                        for chunk in await self._replica_lost(lost):
+                            yield pb.ConverseResponse(chunk=chunk)
+                    case Piece() as piece if piece.turn_id in self.live or piece.turn_id == -1:
+                        if piece.end is not None:
+                            self.live.discard(piece.turn_id)
+                        yield pb.ConverseResponse(
+                            chunk=self.gw.chunk(piece, self.started, self.first_token)
+                        )
+                        self.first_token = self.first_token and not piece.token_ids
 
     async def _act(self, message) -> bool:
         """Act on one of the client's messages, in order; True when it is the half-close."""

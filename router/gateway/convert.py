@@ -11,9 +11,9 @@ from replica.api import (
     SamplingParams,
     SessionInfo,
     StatusCode,
-    TurnEvent,
 )
 from router.control.views import ReplicaView
+from router.gateway.inbox import Piece
 
 MAX_STOP_TOKENS = 64
 
@@ -71,12 +71,19 @@ def session_to_proto(session_id: str, replica_id: str, info: SessionInfo) -> pb.
     )
 
 
-def chunk_from_event(event: TurnEvent) -> pb.GenerateChunk:
-    chunk = pb.GenerateChunk(token_ids=list(event.token_ids), text=event.text)
-    if event.finish_reason is not None:
-        chunk.finish_reason = int(event.finish_reason)
-        chunk.committed_tokens = event.committed_tokens
-    return chunk
+def chunk_from_piece(piece: Piece) -> pb.GenerateChunk:
+    """One message of a turn; raises ``Refused`` when the piece ends its turn with an error."""
+    end = piece.end
+    if end is None:
+        return pb.GenerateChunk(token_ids=piece.token_ids, text=piece.text)
+    if end.error_code is not None:
+        raise Refused(end.error_code, end.error or "turn failed")
+    return pb.GenerateChunk(
+        token_ids=piece.token_ids,
+        text=piece.text,
+        finish_reason=int(end.finish_reason),
+        committed_tokens=end.committed_tokens,
+    )
 
 
 def replica_to_proto(view: ReplicaView) -> pb.ReplicaInfo:

@@ -7,7 +7,13 @@ has gone, or has died. Each of these makes the gateway drop the cached route and
 which waits while the session moves and answers where it is now; the call is then made there.
 The client sees none of it: a turn that arrives while its session moves waits and runs on the
 new replica. Only when the router, too, no longer knows the session (NOT_FOUND) or knows its
-state is gone (ABORTED) is that the answer. Mixed into ``Gateway``.
+state is gone (ABORTED) is that the answer.
+
+The calls streaming a session follow it too when its old replica ends: one that died
+(``replica_lost``: the router's failover says which sessions were restored elsewhere from their
+checkpoints) or one that was drained and stopped (``replica_ended``, autoscaling). A streaming
+call whose session had moved off that replica before goes on where it is now; the others end
+(``router.gateway.inbox.ReplicaLost``). Mixed into ``Gateway``.
 """
 
 from __future__ import annotations
@@ -20,9 +26,14 @@ from typing import Any
 from replica.api import ActorError, ReleaseReason, StatusCode
 from router.control.table import Route
 from router.gateway.background import Background
+from router.gateway.cluster_view import ClusterView
 from router.gateway.convert import Refused, check
+from router.gateway.delivery import Delivery
+from router.gateway.inbox import ReplicaLost
+from router.gateway.replica_calls import ReplicaCallsByReplica
 from router.gateway.route_cache import RouteCache
 from router.gateway.router_client import RouterClient
+from router.gateway.router_updates import RouterUpdates
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +46,10 @@ class Following:
     routes: RouteCache
     router: RouterClient
     background: Background
-
-    async def replica_lost(self, replica_id: str, why: str) -> None:  # provided by Gateway
-        raise NotImplementedError
+    calls: ReplicaCallsByReplica
+    cluster: ClusterView
+    updates: RouterUpdates
+    delivery: Delivery
 
     async def relocate(self, route: Route) -> Route | ActorError:
         """Where ``route``'s session is now, asked of the router (which waits while it moves)."""
@@ -71,14 +83,17 @@ class Following:
         path); returns whether it was open."""
         for _ in range(MAX_FOLLOWS):
             self.routes.drop(route.session_id)
+            calls = self.calls.of(route.replica_id, route.handle)
             try:
-                closed = await route.handle.close_sessions.remote([route.session_id], reason)
+                closed = await calls.close(route.session_id, reason)
             except Exception as exc:  # noqa: BLE001 - the replica is gone: ask where it went
                 log.warning("release of %s failed: %s", route.session_id, exc)
                 closed = None
             closed = None if isinstance(closed, ActorError) else closed
-            if closed is not None and closed.was_open[0]:
-                break
+            if closed is not None:
+                self.cluster.note(closed.snapshot)
+                if closed.was_open:
+                    break
             moved = await self.relocate(route)
             if isinstance(moved, ActorError) or (
                 moved.replica_id == route.replica_id and not (closed and closed.moving)
@@ -88,8 +103,45 @@ class Following:
                 await asyncio.sleep(STILL_MOVING_S)
             route = moved
         snapshot = closed.snapshot if closed else None
-        self.background.spawn(
-            self.router.call("forget", [route.session_id], snapshot, route.replica_id)
-        )
+        self.background.spawn(self.updates.forget(route.session_id, route.replica_id, snapshot))
         self.routes.drop(route.session_id)
-        return bool(closed and closed.was_open[0])
+        return bool(closed and closed.was_open)
+
+    # ----- replicas that end ------------------------------------------------------------------
+
+    async def replica_lost(self, replica_id: str, why: str) -> None:
+        """This gateway saw a replica fail: tell the router, then end the calls streaming its
+        sessions here as the router's failover says (restored elsewhere, or gone)."""
+        self._forget_calls(replica_id)
+        outcome = await self.router.call("replica_failed", replica_id, why)
+        await self._end_streams_on(
+            replica_id, {} if isinstance(outcome, ActorError) else outcome.restored
+        )
+
+    async def replica_ended(self, replica_id: str) -> None:
+        """A replica's output stream ended: it shut down (drained and stopped), so the sessions
+        still streamed from it here had moved away, or are gone with it."""
+        log.info("replica %s shut down: its output stream ended", replica_id)
+        self._forget_calls(replica_id)
+        await self._end_streams_on(replica_id, {})
+
+    def _forget_replica(self, replica_id: str) -> None:
+        """The router lists the replica dead: what this gateway knows of it goes."""
+        self.background.spawn(self.replica_lost(replica_id, "the router lists it dead"))
+
+    def _forget_calls(self, replica_id: str) -> None:
+        self.routes.drop_replica(replica_id)
+        self.calls.forget(replica_id)
+
+    async def _end_streams_on(self, replica_id: str, restored: dict[str, int]) -> None:
+        """End the calls streaming sessions of ``replica_id``, which ended: those ``restored``
+        (session id -> committed tokens) from their checkpoints, and those whose state is gone;
+        a call whose session had moved to another replica before follows it there."""
+        for inbox in self.delivery.streaming_on(replica_id):
+            committed = restored.get(inbox.session_id)
+            if committed is None:
+                where = await self.router.call("route", inbox.session_id, None)
+                if isinstance(where, Route) and where.replica_id != replica_id:
+                    self.delivery.move(inbox, where)
+                    continue
+            inbox.put(ReplicaLost(replica_id, committed))

@@ -1,10 +1,11 @@
 """``Gateway``: what every RPC of one gateway process shares, and the steps they are made of.
 
 It builds what it owns: the router client, the route cache, token delivery, the cached view of
-the cluster and the background cleanups. A turn costs one actor call to submit (the route is
-cached); its events come back through ``Delivery``. Calls about a session follow it when it has
-moved (``router.gateway.follow``). Refusals are raised as ``Refused`` with the status code and a
-message that says what to do.
+the cluster, the batched calls to the replicas and the router, the opens in one hop and the
+background cleanups. A turn costs one actor call to submit (the route is cached); its events come
+back through ``Delivery``. Calls about a session follow it when it has moved, and the calls
+streaming it when its replica ends (``router.gateway.follow``). Refusals are raised as
+``Refused`` with the status code and a message that says what to do.
 """
 
 from __future__ import annotations
@@ -24,18 +25,21 @@ from replica.api import (
     InvalidRequestError,
     ReleaseReason,
     StatusCode,
-    TurnEvent,
 )
 from router.control.table import Route
 from router.gateway.auth import ApiKeys, Caller, Unauthenticated
 from router.gateway.background import Background
 from router.gateway.cluster_view import ClusterView
-from router.gateway.convert import Refused, check, chunk_from_event, sampling_from_proto, turn_input
+from router.gateway.convert import Refused, check, chunk_from_piece, sampling_from_proto, turn_input
 from router.gateway.delivery import Delivery
+from router.gateway.direct_opens import DirectOpener
 from router.gateway.follow import Following
+from router.gateway.inbox import Piece
 from router.gateway.metrics import GatewayMetrics
+from router.gateway.replica_calls import ReplicaCallsByReplica
 from router.gateway.route_cache import RouteCache
 from router.gateway.router_client import RouterClient
+from router.gateway.router_updates import RouterUpdates
 from router.gateway.stream_leases import LeaseRenewer
 
 log = logging.getLogger(__name__)
@@ -51,11 +55,26 @@ class Gateway(Following):
         self.background = Background()
         self.router = RouterClient(router)
         self.routes = RouteCache(self.router)
-        self.delivery = Delivery(self.gateway_id, on_lost=self.replica_lost)
+        self.delivery = Delivery(self.gateway_id, self.replica_lost, self.replica_ended)
         self.cluster = ClusterView(self.router, on_dead=self._forget_replica)
         self.leases = LeaseRenewer(self.relocate)
+        self.calls = ReplicaCallsByReplica(self.gateway_id)
+        self.updates = RouterUpdates(self.router)
+        self.direct = DirectOpener(
+            self.gateway_id,
+            self.cluster,
+            self.calls,
+            self.updates,
+            self.background,
+            self.replica_lost,
+        )
 
-    def start(self) -> None:
+    async def start(self) -> None:
+        """Start the background work, with a first view of the cluster (placement needs it)."""
+        try:
+            await self.cluster.refresh()
+        except Exception as exc:  # noqa: BLE001 - the router may be restarting: polls retry
+            log.warning("no view of the cluster yet: %s", exc)
         self.cluster.start()
         self.leases.start()
 
@@ -98,17 +117,28 @@ class Gateway(Following):
         wait_s: float | None = None,
         lease_s: float = 0.0,
     ) -> Route:
-        """Open a session; waits for room at most ``wait_s`` (what is left of the caller's
+        """Open a session: in one hop where possible (``router.gateway.direct_opens``), else
+        through the router, waiting for room at most ``wait_s`` (what is left of the caller's
         deadline). If the call is cancelled meanwhile (the client cancelled, its deadline
-        passed), the open is abandoned at the router, which keeps no session for it.
-        ``lease_s`` > 0: a stream holds the session open (``replica.sessions.stream_leases``)."""
+        passed), no session is kept for it. ``lease_s`` > 0: a stream holds the session open
+        (``replica.sessions.stream_leases``)."""
         timeout = request.idle_timeout_s
         if timeout < 0 or timeout != timeout:
             raise Refused(
                 StatusCode.INVALID_ARGUMENT, "idle_timeout_s must be >= 0 (0: server default)"
             )
-        # the session id is chosen here so that a retried open is idempotent at the router
-        session_id = secrets.token_hex(16)
+        route = await self.direct.open(secrets.token_hex(16), timeout, tenant, lease_s)
+        if route is None:  # a fresh id: the router may not have forgotten the first one yet
+            # the session id is chosen here so that a retried open is idempotent at the router
+            session_id = secrets.token_hex(16)
+            route = await self._open_through_router(session_id, timeout, tenant, wait_s, lease_s)
+        self.routes.put(route)
+        self.delivery.watch(route)
+        return route
+
+    async def _open_through_router(
+        self, session_id: str, timeout: float, tenant: str, wait_s: float | None, lease_s: float
+    ) -> Route:
         try:
             route = await self.router.call(
                 "open_session", timeout, tenant, self.gateway_id, session_id, wait_s, lease_s
@@ -120,10 +150,7 @@ class Gateway(Following):
             self.metrics.open_rejected_for(
                 "no_room" if route.code == StatusCode.RESOURCE_EXHAUSTED else route.code.lower()
             )
-        route = check(route)
-        self.routes.put(route)
-        self.delivery.watch(route)
-        return route
+        return check(route)
 
     async def submit(self, route: Route, request: pb.GenerateRequest) -> tuple[Route, int]:
         """Queue a turn where the session is; returns the route it went to and its turn id."""
@@ -136,19 +163,21 @@ class Gateway(Following):
             raise Refused(StatusCode.INVALID_ARGUMENT, str(exc)) from None
         return await self.on_session(
             route,
-            "submit_turn",
-            lambda r: r.handle.submit_turn.remote(
-                self.gateway_id, r.session_id, text, ids, sampling
+            "submit_turns",
+            lambda r: self.calls.of(r.replica_id, r.handle).submit(
+                (r.session_id, text, ids, sampling)
             ),
         )
 
-    def chunk(self, event: TurnEvent, started: float, first: bool) -> pb.GenerateChunk:
-        if event.error_code is not None:
-            raise Refused(event.error_code, event.error or "turn failed")
-        if first and event.token_ids:
-            self.metrics.observe_first_token(time.perf_counter() - started)
-        self.metrics.add_generated_tokens(len(event.token_ids))
-        return chunk_from_event(event)
+    def chunk(self, piece: Piece, started: float, first: bool) -> pb.GenerateChunk:
+        """The message of ``piece`` (``Refused`` for a failed turn), counted in the metrics;
+        ``first``: no token of the turn (submitted at ``started``) was sent before."""
+        chunk = chunk_from_piece(piece)
+        if piece.token_ids:
+            if first:
+                self.metrics.observe_first_token(time.perf_counter() - started)
+            self.metrics.add_generated_tokens(len(piece.token_ids))
+        return chunk
 
     async def close(self, session_id: str, tenant: str) -> bool:
         """Close on the session's replica directly (one hop), then tell the router. The route
@@ -159,17 +188,3 @@ class Gateway(Following):
                 return False
             check(route)
         return await self.release(route, ReleaseReason.CLOSED)
-
-    # ----- replicas that die ------------------------------------------------------------------
-
-    async def replica_lost(self, replica_id: str, why: str) -> None:
-        """This gateway saw a replica fail: tell the router, then end the calls of its sessions
-        here as the router's failover says (restored elsewhere, or gone)."""
-        self.routes.drop_replica(replica_id)
-        outcome = await self.router.call("replica_failed", replica_id, why)
-        restored = {} if isinstance(outcome, ActorError) else outcome.restored
-        self.delivery.end_replica(replica_id, restored)
-
-    def _forget_replica(self, replica_id: str) -> None:
-        """The router lists the replica dead: what this gateway knows of it goes."""
-        self.background.spawn(self.replica_lost(replica_id, "the router lists it dead"))

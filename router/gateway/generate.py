@@ -9,12 +9,13 @@ from protos import session_router_pb2 as pb
 from replica.api import StatusCode
 from router.control.table import Route
 from router.gateway.convert import Refused
-from router.gateway.delivery import Inbox, next_turn_event
 from router.gateway.gateway import Gateway
+from router.gateway.inbox import Inbox, Piece, ReplicaLost, pieces
 
 
 class GenerateCall:
-    """One turn streamed to one client. If the call ends before the turn's last chunk (client
+    """One turn streamed to one client, a message per ``Inbox.take`` (everything the turn
+    produced since the last message). If the call ends before the turn's last chunk (client
     cancel, deadline), the turn is cancelled on the replica, which rolls the session back."""
 
     def __init__(self, gateway: Gateway, request: pb.GenerateRequest, context) -> None:
@@ -36,14 +37,23 @@ class GenerateCall:
                 f"session {route.session_id} already has a turn "
                 "running; wait for its last chunk or interrupt it",
             )
-        self.route, self.turn_id = await self.gw.submit(route, self.request)
+        self.route, turn_id = await self.gw.submit(route, self.request)
+        self.turn_id = turn_id
         self.gw.delivery.move(self.inbox, self.route)
         first = True
         while not self.finished:
-            event = await next_turn_event(self.inbox, self.turn_id)
-            self.finished = event.finished
-            yield self.gw.chunk(event, started, first)
-            first = False
+            for piece in pieces(await self.inbox.take()):
+                if isinstance(piece, ReplicaLost):
+                    if piece.replica_id != self.inbox.replica_id:
+                        continue  # the session had moved off that replica
+                    piece = Piece(-1, [], "", piece.event(self.route.session_id))
+                if piece.turn_id != turn_id and piece.turn_id != -1:
+                    continue  # a stale event of an earlier turn
+                self.finished = piece.end is not None
+                yield self.gw.chunk(piece, started, first)
+                first = first and not piece.token_ids
+                if self.finished:
+                    break
 
     def end(self, code: StatusCode) -> None:
         if self.inbox is None:

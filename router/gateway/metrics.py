@@ -192,6 +192,7 @@ class GatewayMetrics:
         "time_to_first_token",
         "generated_tokens",
         "open_rejected",
+        "_rpc_children",
     )
 
     def __init__(self, registry: CollectorRegistry) -> None:
@@ -219,6 +220,7 @@ class GatewayMetrics:
             "Tokens streamed to clients.",
             registry=registry,
         )
+        self._rpc_children: dict[tuple[str, StatusCode], tuple] = {}
         self.open_rejected = Counter(
             "session_router_open_rejected_total",
             "OpenSession calls refused, by reason.",
@@ -228,8 +230,14 @@ class GatewayMetrics:
 
     def observe_rpc(self, method: str, code: StatusCode, seconds: float) -> None:
         """Count one finished call (label ``code``: the status name, e.g. "OK")."""
-        self.rpc_requests.labels(method=method, code=StatusCode(code).value).inc()
-        self.rpc_duration.labels(method=method).observe(max(0.0, seconds))
+        children = self._rpc_children.get((method, code))
+        if children is None:  # labels() takes a lock and a lookup: once per method and code
+            children = self._rpc_children[method, code] = (
+                self.rpc_requests.labels(method=method, code=StatusCode(code).value),
+                self.rpc_duration.labels(method=method),
+            )
+        children[0].inc()
+        children[1].observe(max(0.0, seconds))
 
     def observe_first_token(self, seconds: float) -> None:
         self.time_to_first_token.observe(max(0.0, seconds))
@@ -244,11 +252,13 @@ class GatewayMetrics:
 
 
 def build_registry(
-    views_fn: Callable[[], Sequence[ReplicaView]],
+    views_fn: Callable[[], Sequence[ReplicaView]] | None,
 ) -> tuple[CollectorRegistry, GatewayMetrics]:
-    """A fresh registry (no process/platform collectors) with the cluster and gateway metrics."""
+    """A fresh registry (no process/platform collectors) with the gateway's metrics, and the
+    cluster's per-replica metrics from ``views_fn`` when given."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ClusterCollector(views_fn))
+    if views_fn is not None:
+        registry.register(ClusterCollector(views_fn))
     return registry, GatewayMetrics(registry)
 
 

@@ -153,6 +153,7 @@ class AdminService(pb_grpc.AdminServiceServicer):
                     "drain", request.replica_id, request.migrate, answer_within(context)
                 )
             )
+            await self.gw.cluster.refresh()  # this gateway places by the change at once
             return pb.DrainReplicaResponse(
                 replica=replica_to_proto(drained.replica),
                 sessions_migrated=drained.sessions_migrated,
@@ -165,6 +166,7 @@ class AdminService(pb_grpc.AdminServiceServicer):
         async def body():
             self.gw.admin(context)
             view = check(await self.gw.router.call("resume", request.replica_id))
+            await self.gw.cluster.refresh()
             return pb.ResumeReplicaResponse(replica=replica_to_proto(view))
 
         return await run_rpc(self.gw, "ResumeReplica", context, body)

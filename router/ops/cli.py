@@ -1,7 +1,8 @@
-"""The ``session-router`` command: ``serve``, ``demo``, ``top``, ``drain`` and ``resume``.
+"""The ``session-router`` command: ``serve``, ``gateway``, ``demo``, ``top``, ``drain`` and
+``resume``.
 
-The ``serve`` and ``demo`` flags are generated from the settings dataclasses (``router.config``,
-``replica.config``), so each has one default and one help text.
+The ``serve`` and ``gateway`` flags are generated from the settings dataclasses
+(``router.config``, ``replica.config``), so each has one default and one help text.
 """
 
 from __future__ import annotations
@@ -12,39 +13,57 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Protocol
 
-from router.config import ServeConfig
+from router.config import JoinConfig, ServeConfig
 from router.flags import add_arguments, from_arguments
+from router.ops.join import JoinedGateway, RouterNotFound
 from router.ops.scheduling import ReplicaStartError
 from router.ops.serve import Server
 
 
-async def serve(config: ServeConfig) -> int:
-    server = Server(config)
+class Service(Protocol):
+    async def start(self) -> None: ...
+    def listening(self) -> list[str]: ...
+    async def stop(self) -> int | None: ...
+
+
+async def run_until_stopped(service: Service, starting: str, stopping: str) -> int:
+    """Start ``service``, print where it listens, run until SIGINT or SIGTERM, stop it."""
     stop = asyncio.Event()
-    model = config.replica.model_path or config.replica.model
-    print(
-        f"session-router: starting Ray, the router and {config.replicas} replicas ({model})...",
-        flush=True,
-    )
+    print(f"session-router: {starting}...", flush=True)
     try:
-        await server.start()
-    except ReplicaStartError as exc:
+        await service.start()
+    except (ReplicaStartError, RouterNotFound) as exc:
         print(f"session-router: {exc}", file=sys.stderr, flush=True)
-        await server.stop()
+        await service.stop()
         return 1
     # After start: ray.init installs its own SIGTERM handler, which must not win over ours.
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    for line in server.listening():
+    for line in service.listening():
         print(f"session-router: {line}", flush=True)
     print("session-router: ready (Ctrl-C or SIGTERM to stop)", flush=True)
     await stop.wait()
-    print("session-router: shutting down: releasing sessions, stopping Ray", flush=True)
-    released = await server.stop()
-    print(f"session-router: stopped; {released} sessions released", flush=True)
+    print(f"session-router: shutting down: {stopping}", flush=True)
+    released = await service.stop()
+    if released is not None:
+        print(f"session-router: stopped; {released} sessions released", flush=True)
     return 0
+
+
+async def serve(config: ServeConfig) -> int:
+    model = config.replica.model_path or config.replica.model
+    starting = f"starting Ray, the router and {config.replicas} replicas ({model})"
+    return await run_until_stopped(Server(config), starting, "releasing sessions, stopping Ray")
+
+
+async def gateway(config: JoinConfig) -> int:
+    joined = JoinedGateway(config)
+    return await run_until_stopped(
+        joined, f"joining the cluster at {config.address}", "the cluster and its sessions go on"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -53,6 +72,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="session-router", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     add_arguments(sub.add_parser("serve", help="serve the gRPC session API"), ServeConfig)
+    add_arguments(
+        sub.add_parser("gateway", help="add a gateway in front of a running cluster"), JoinConfig
+    )
     demo.add_arguments(sub.add_parser("demo", help="run many short sessions on a local cluster"))
     top.add_arguments(sub.add_parser("top", help="live per-replica table of the pools"))
     drain.add_drain_arguments(
@@ -64,6 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return asyncio.run(serve(from_arguments(ServeConfig, args)))
+        if args.command == "gateway":
+            return asyncio.run(gateway(from_arguments(JoinConfig, args)))
         if args.command == "demo":
             return asyncio.run(demo.run_demo(args))
         if args.command == "drain":

@@ -1,5 +1,11 @@
-"""``session-router serve``: Ray, the router actor, the replica actors, the gRPC gateway and the
-metrics endpoint, started in order and stopped cleanly (sessions released, Ray stopped).
+"""``session-router serve``: Ray, the cluster's actors (the router, the replicas) and one gateway
+(gRPC and /metrics, ``router.ops.gateway_server``), started in order and stopped cleanly (sessions
+released, Ray stopped).
+
+The actors belong to the cluster, not to the gateway: more gateways join with ``session-router
+gateway --address ADDR`` (the Ray address serve prints, ``router.ops.join``), any gateway serves
+any session, and a gateway's death loses no session. This process owns the actors: it starts
+them, replaces dead replicas and stops them on SIGINT or SIGTERM.
 
 Without ``address`` an embedded local Ray instance is started on loopback; ``address="auto"``
 joins a running cluster. Replica actors ask for ``replica_gpus`` GPUs each, or CPU replicas for a
@@ -18,22 +24,21 @@ import logging
 import os
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from replica import failpoints
 from router.config import ServeConfig
 from router.control.router import ROUTER_NAME, SessionRouter
-from router.gateway.auth import ApiKeys
 from router.gateway.gateway import Gateway
-from router.gateway.metrics import build_registry, serve_metrics
-from router.gateway.service import start_grpc_server
-from router.gateway.tls import server_credentials
+from router.gateway.router_client import RouterClient
+from router.ops.autoscaler import Autoscaler
 from router.ops.checkpoint_stores import start_store
+from router.ops.gateway_server import GatewayServer
+from router.ops.scaling_metrics import ScalingMetrics
 from router.ops.scheduling import replica_resources, wait_until_up
 from router.ops.supervisor import ReplicaSupervisor
 
 log = logging.getLogger(__name__)
-
-ALL_INTERFACES = ("0.0.0.0", "::", "[::]", "")
 
 
 def quiet_ray_start_up() -> None:
@@ -47,9 +52,7 @@ def quiet_ray_start_up() -> None:
 class Server:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
-        gw = config.gateway
-        self.keys = ApiKeys.load(gw.api_keys)
-        self.credentials = server_credentials(gw.tls_cert, gw.tls_key, gw.tls_client_ca)
+        self.front = GatewayServer(config.gateway, cluster_metrics=True)
         self._started_ray = False
         self.router = None
         self.replicas: dict[str, object] = {}
@@ -57,40 +60,43 @@ class Server:
         self.starting: set[str] = set()
         self._replica_ids = itertools.count()
         self.supervisor: ReplicaSupervisor | None = None
-        self.gateway: Gateway | None = None
-        self.grpc = None
-        self.metrics = None
+        self.autoscaler: Autoscaler | None = None
 
     @property
-    def all_interfaces(self) -> bool:
-        return self.config.gateway.host in ALL_INTERFACES
+    def gateway(self) -> Gateway | None:
+        return self.front.gateway
+
+    @property
+    def grpc(self):
+        return self.front.grpc
+
+    @property
+    def metrics(self):
+        return self.front.metrics
 
     @property
     def grpc_address(self) -> str:
         """Where a client on this machine connects."""
-        host = "127.0.0.1" if self.all_interfaces else self.config.gateway.host
-        return f"{host}:{self.grpc.bound_port}"
+        return self.front.grpc_address
 
     @property
     def metrics_url(self) -> str:
-        return self.metrics.url
+        return self.front.metrics.url
+
+    @property
+    def ray_address(self) -> str:
+        """The address another gateway joins with (``session-router gateway --address``)."""
+        return ray.get_runtime_context().gcs_address
 
     def listening(self) -> list[str]:
         """What ``serve`` prints once ready: where gRPC, metrics and Ray really listen (one
         address per line, for scripts), then what protects them."""
-        gw = self.config.gateway
-        host = "0.0.0.0" if self.all_interfaces else gw.host
-        scope = "all interfaces" if self.all_interfaces else f"{host} only"
-        tls = "plaintext gRPC (--tls-cert for TLS)"
-        if gw.tls:
-            tls = "TLS with client certificates" if gw.tls_client_ca else "TLS only"
-        keys = "API keys on" if self.keys.enabled else "no API keys (--api-keys)"
         ray_kind = "embedded" if self._started_ray else "joined"
         return [
-            f"gRPC listening on {host}:{self.grpc.bound_port}",
-            f"metrics on http://{host}:{self.metrics.port}/metrics",
-            f"Ray at {ray.get_runtime_context().gcs_address} ({ray_kind})",
-            f"security: {scope}; {tls}; {keys}",
+            *self.front.listening(),
+            f"Ray at {self.ray_address} ({ray_kind}; more gateways: session-router gateway "
+            f"--address {self.ray_address})",
+            self.front.security(),
         ]
 
     async def start(self) -> None:
@@ -119,22 +125,16 @@ class Server:
                 max_restarts=-1,
                 max_concurrency=10_000,
                 get_if_exists=True,
+                # beside serve, not on a node that only hosts a gateway (it offers no CPU, and a
+                # zero-CPU actor could land there and die with that gateway)
+                scheduling_strategy=NodeAffinitySchedulingStrategy(
+                    ray.get_runtime_context().get_node_id(), soft=True
+                ),
             )
             .remote(cfg.router)
         )
         await self.start_replicas(cfg.replicas)
-        registry, gateway_metrics = build_registry(lambda: self.gateway.cluster.views)
-        self.gateway = Gateway(self.router, self.keys, gateway_metrics)
-        self.gateway.start()
-        host = cfg.gateway.host
-        self.metrics = serve_metrics(cfg.gateway.metrics_port, registry, host)
-        self.grpc = await start_grpc_server(
-            self.gateway,
-            cfg.gateway.grpc_port,
-            "[::]" if self.all_interfaces else host,
-            self.credentials,
-            cfg.gateway.keepalive_s,
-        )
+        await self.front.start(self.router)
         self.supervisor = ReplicaSupervisor(
             self.replicas,
             self.starting,
@@ -143,6 +143,18 @@ class Server:
             cfg.replicas,
         )
         self.supervisor.start()
+        scaling_metrics = ScalingMetrics(self.front.registry, cfg.replicas)
+        if cfg.autoscaling:
+            self.autoscaler = Autoscaler(
+                cfg.scaling,
+                (cfg.fewest_replicas, cfg.most_replicas),
+                self.replicas,
+                self.starting,
+                self.supervisor,
+                RouterClient(self.router),
+                scaling_metrics,
+            )
+            self.autoscaler.start()
 
     def replica_threads(self) -> int:
         """Torch threads per replica: the setting, else CPU replicas share the cores (one is
@@ -150,7 +162,7 @@ class Server:
         cfg = self.config
         if cfg.replica.threads or cfg.replica_gpus:
             return cfg.replica.threads or 1
-        return max(1, ((os.cpu_count() or 1) - 1) // cfg.replicas)
+        return max(1, ((os.cpu_count() or 1) - 1) // cfg.most_replicas)
 
     async def start_replicas(self, count: int) -> list[str]:
         """Start ``count`` replicas with fresh ids and register them with the router; raises
@@ -162,7 +174,7 @@ class Server:
         replica_config = dataclasses.replace(
             cfg.replica, threads=threads, failpoints=cfg.replica.failpoints | failpoints.from_env()
         )
-        ask = replica_resources(cfg.replica_gpus, cfg.replicas)
+        ask = replica_resources(cfg.replica_gpus, cfg.most_replicas)
         ids = [f"replica-{next(self._replica_ids)}" for _ in range(count)]
         self.starting.update(ids)
         try:
@@ -218,19 +230,16 @@ class Server:
         """Stop serving, release every replica's sessions, stop the actors (and an embedded
         Ray); returns how many sessions the replicas released."""
         released = 0
+        if self.autoscaler is not None:
+            await self.autoscaler.stop()
         if self.supervisor is not None:
             await self.supervisor.stop()
-        if self.grpc is not None:
-            await self.grpc.stop(grace=1.0)
-        if self.gateway is not None:
-            await self.gateway.stop()
+        await self.front.stop()
         for handle in self.replicas.values():
             try:
                 released += await asyncio.wait_for(handle.shutdown.remote(), timeout=10)
             except Exception as exc:  # noqa: BLE001 - a dead replica has nothing to release
                 log.warning("replica shutdown failed: %s", exc)
-        if self.metrics is not None:
-            self.metrics.close()
         for handle in [*self.replicas.values(), *self.stores.values(), self.router]:
             if handle is not None:
                 try:

@@ -21,6 +21,7 @@ import ray
 
 from replica.api import ActorError
 from router.control.views import ReplicaHealth, ReplicaView
+from router.ops.periodic import Periodic
 
 log = logging.getLogger(__name__)
 
@@ -44,25 +45,14 @@ class ReplicaSupervisor:
         self.views = views
         self.start_replicas = start_replicas
         self.target = target
-        self.interval_s = interval_s
         self.replaced = 0
-        self._task: asyncio.Task | None = None
+        self.rounds = Periodic("restoring the replica count", self.reconcile, interval_s)
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        self.rounds.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                await self.reconcile()
-            except Exception as exc:  # noqa: BLE001 - retried on the next round
-                log.warning("could not restore the replica count: %s", exc)
+        await self.rounds.stop()
 
     async def reconcile(self) -> None:
         """One round: kill and forget dead replicas, then start replacements."""

@@ -1,0 +1,80 @@
+"""``ClusterCalls``: the router's calls that change its tables directly, on news from outside
+(mixed into ``SessionRouter``): gateways' batched pins and forgets of sessions they opened or
+released on a replica themselves, the replicas' handles for those opens, and the retirement of a
+replica the serve process removes (autoscaling).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cachetools import LRUCache
+
+from replica.api import ActorError, PoolSnapshot, StatusCode, clip_id
+from router.control.opens import Opener
+from router.control.table import ReplicaEntry, SessionTable
+from router.control.views import ReplicaHealth
+
+
+class ClusterCalls:
+    replicas: dict[str, ReplicaEntry]
+    sessions: SessionTable
+    opener: Opener
+    _fenced: LRUCache[str, bool]  # incarnations that may not register again
+
+    async def update_sessions(
+        self,
+        pins: list[tuple[str, str, str]],
+        forgets: list[tuple[str, str]],
+        snapshots: list[PoolSnapshot],
+    ) -> list[bool]:
+        """A gateway's batched news (``router.gateway.router_updates``): sessions it opened on a
+        replica itself (session id, replica id, tenant), sessions it released on a replica
+        (session id, replica id: one pinned to another replica by now, it moved, is kept), and
+        the replicas' snapshots from those calls' replies. Per pin, whether it was pinned: False
+        when the replica is not a live one here (the gateway then releases the session). A
+        session pinned here is the router's like any other: drains move it, failover restores
+        it from its checkpoints."""
+        for snapshot in snapshots:
+            entry = self.replicas.get(snapshot.replica_id)
+            if entry is not None and entry.desc.incarnation == snapshot.incarnation:
+                entry.take(snapshot)
+        pinned = []
+        for session_id, replica_id, tenant in pins:
+            entry = self.replicas.get(replica_id)
+            live = entry is not None and entry.health != ReplicaHealth.DEAD
+            if live:
+                self.sessions.pin(session_id, replica_id, tenant)
+            pinned.append(live)
+        for sid, replica_id in forgets:
+            self.sessions.forget(sid, replica_id)
+        if forgets or snapshots:
+            await self.opener.notify_room()
+        return pinned
+
+    async def replica_handles(self) -> dict[str, Any]:
+        """The actor handle of every live replica, by id (gateways open sessions on them)."""
+        return {
+            rid: entry.handle
+            for rid, entry in self.replicas.items()
+            if entry.health != ReplicaHealth.DEAD
+        }
+
+    async def retire_replica(self, replica_id: str) -> bool | ActorError:
+        """Forget a draining replica that holds no session, before the serve process stops it:
+        it leaves ListReplicas and /metrics at once, never counted as dead, and may not register
+        again. Refused (FAILED_PRECONDITION) while it is not draining or sessions are pinned to
+        it."""
+        entry = self.replicas.get(replica_id)
+        if entry is None:
+            return False
+        pinned = self.sessions.pinned_to(replica_id)
+        if entry.health != ReplicaHealth.DRAINING or pinned:
+            return ActorError(
+                StatusCode.FAILED_PRECONDITION,
+                f"replica {clip_id(replica_id)} is {entry.health.name.lower()} with {pinned} "
+                "sessions pinned; only a drained, empty replica can be retired",
+            )
+        del self.replicas[replica_id]
+        self._fenced[entry.desc.incarnation] = True
+        return True

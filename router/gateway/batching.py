@@ -1,0 +1,78 @@
+"""``CallBatcher``: calls of one kind to one actor, batched by flow control, not by timers.
+
+A request that finds no call in flight goes at once, alone. Requests that arrive while a call is
+in flight wait for it to return, then go together in the next call: under load, one actor call
+(one message, one command on the replica's engine thread) carries many requests; when idle, no
+request waits for another. ``send(requests)`` returns one result per request, in order, or one
+``ActorError`` for all of them; if it raises, every request of the batch gets the exception.
+
+A request's caller may be cancelled while its request is in flight; the request still runs (an
+actor call cannot be taken back), and ``submit`` returns a task the caller can hand to a cleanup
+that awaits the result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from replica.api import ActorError
+
+Send = Callable[[list[Any]], Awaitable[Sequence[Any] | ActorError]]
+
+
+class CallBatcher:
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self._waiting: list[tuple[Any, asyncio.Future]] = []
+        self._sender: asyncio.Task | None = None
+
+    def submit(self, request: Any) -> asyncio.Future:
+        """Queue ``request``; the future of its result (cancelling it does not take it back)."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        future.add_done_callback(_retrieved)  # a cancelled caller's exception is not an error
+        self._waiting.append((request, future))
+        if self._sender is None:
+            self._sender = loop.create_task(self._run())
+        return future
+
+    async def call(self, request: Any) -> Any:
+        """``request``'s result, or the exception of its batch's call."""
+        return await asyncio.shield(self.submit(request))
+
+    async def _run(self) -> None:
+        try:
+            while self._waiting:
+                batch, self._waiting = self._waiting, []
+                try:
+                    results = await self._send([request for request, _ in batch])
+                except asyncio.CancelledError:
+                    for _, future in batch:
+                        future.cancel()
+                    raise
+                except Exception as exc:  # noqa: BLE001 - every caller of the batch gets it
+                    for _, future in batch:
+                        _settle(future, exception=exc)
+                    continue
+                if isinstance(results, ActorError):
+                    results = [results] * len(batch)
+                for (_, future), result in zip(batch, results, strict=True):
+                    _settle(future, result)
+        finally:
+            self._sender = None
+
+
+def _retrieved(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _settle(future: asyncio.Future, result: Any = None, exception: Exception | None = None) -> None:
+    if future.done():
+        return
+    if exception is not None:
+        future.set_exception(exception)
+    else:
+        future.set_result(result)

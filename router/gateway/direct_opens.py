@@ -1,0 +1,118 @@
+"""``DirectOpener``: opens in one hop. The gateway places the session itself and opens it on the
+replica while the router pins it, both calls in flight at once; the open's reply waits for both.
+
+Placement is the router's (``router.control.placement.choose_replica``) over this gateway's view
+of the replicas (``ClusterView.placement_views``: the router's views, polled every second, with
+the snapshots this gateway's own calls brought back), net of the opens this gateway has in flight.
+Views go stale between polls, and other gateways place too, but the replica has the last word: it
+refuses a session it has no room for (or while it drains). Whatever does not work out this way
+(no replica with room in view, a refusal, a replica that died, a pin the router refused because
+it knows that replica dead) returns None: the caller then opens through the router, which waits
+for room up to ``--open-timeout-s``. A session that landed but cannot be kept is released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable
+
+from replica.api import ActorError, ReleaseReason, SessionInfo
+from router.control.placement import choose_replica
+from router.control.table import Route
+from router.gateway.background import Background
+from router.gateway.cluster_view import ClusterView
+from router.gateway.replica_calls import ReplicaCallsByReplica
+from router.gateway.router_updates import RouterUpdates
+
+log = logging.getLogger(__name__)
+
+
+class DirectOpener:
+    def __init__(
+        self,
+        gateway_id: str,
+        cluster: ClusterView,
+        calls: ReplicaCallsByReplica,
+        updates: RouterUpdates,
+        background: Background,
+        on_lost: Callable[[str, str], Awaitable[None]],
+    ) -> None:
+        self.gateway_id = gateway_id
+        self.cluster = cluster
+        self.calls = calls
+        self.updates = updates
+        self.background = background
+        self.on_lost = on_lost
+        self.in_flight: Counter[str] = Counter()  # opens on their way, by replica
+
+    async def open(
+        self, session_id: str, idle_timeout_s: float, tenant: str, lease_s: float
+    ) -> Route | None:
+        """The session opened and pinned, or None: open it through the router instead."""
+        replica_id = choose_replica(self.cluster.placement_views(), self.in_flight)
+        handle = self.cluster.handles.get(replica_id) if replica_id is not None else None
+        if handle is None:
+            return None
+        calls = self.calls.of(replica_id, handle)
+        args = (session_id, idle_timeout_s, self.gateway_id, tenant, lease_s)
+        opened = calls.open(args)
+        pinned = self.updates.pin(session_id, replica_id, tenant)
+        self.in_flight[replica_id] += 1
+        try:
+            await asyncio.wait((opened, pinned))
+        except asyncio.CancelledError:  # the caller left: whatever lands is released
+            self.background.spawn(self._settle(replica_id, session_id, opened, pinned, False))
+            raise
+        finally:
+            self.in_flight[replica_id] -= 1
+        info = await self._settle(replica_id, session_id, opened, pinned)
+        if info is None:
+            return None
+        return Route(session_id, replica_id, handle, info, tenant)
+
+    async def _settle(
+        self,
+        replica_id: str,
+        session_id: str,
+        opened: asyncio.Future,
+        pinned: asyncio.Future,
+        keep: bool = True,
+    ) -> SessionInfo | None:
+        """Once both calls are done: the session's info when it landed and is pinned (and
+        ``keep``: its caller is still there); else None, with the session released on the
+        replica and unpinned at the router."""
+        await asyncio.wait((opened, pinned))
+        if opened.exception() is not None:
+            why = f"open_sessions failed: {type(opened.exception()).__name__}"
+            await self.on_lost(replica_id, why)
+            info = None
+        else:
+            result = opened.result()
+            if isinstance(result, ActorError):  # the whole call was refused: its engine died
+                await self.on_lost(replica_id, f"open_sessions refused: {result.message}")
+                info = None
+            else:
+                info, snapshot = result
+                self.cluster.note(snapshot)
+                self.updates.snapshot(snapshot)
+                info = None if isinstance(info, ActorError) else info
+        ok = pinned.exception() is None and pinned.result() is True
+        if info is not None and ok and keep:
+            return info
+        if info is not None:
+            handle = self.cluster.handles.get(replica_id)
+            if handle is not None:
+                calls = self.calls.of(replica_id, handle)
+                await _quietly(calls.close(session_id, ReleaseReason.ABORTED))
+        if ok:
+            self.updates.forget(session_id, replica_id)
+        return None
+
+
+async def _quietly(call: Awaitable) -> None:
+    try:
+        await call
+    except Exception as exc:  # noqa: BLE001 - a dead replica holds nothing
+        log.info("release of an open that could not be kept failed: %s", exc)

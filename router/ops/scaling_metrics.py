@@ -1,0 +1,41 @@
+"""The autoscaler's metrics, on the /metrics of ``serve``: what it goes by and each step it took.
+
+- ``session_router_replicas_desired`` gauge: the replicas the cluster should have now
+  (``--replicas`` without autoscaling; what the autoscaler chose with it);
+- ``session_router_free_session_room`` gauge: the new sessions the healthy replicas can still
+  take (GPU and host), as the autoscaler last counted them;
+- ``session_router_scaling_steps_total{direction,reason}`` counter: replicas added (``up``,
+  reason ``free_room_low``) and removed (``down``, reason ``idle``).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+class ScalingMetrics:
+    def __init__(self, registry: CollectorRegistry, desired: int) -> None:
+        self.desired = Gauge(
+            "session_router_replicas_desired",
+            "Replicas the cluster should have now (the autoscaler's target).",
+            registry=registry,
+        )
+        self.room = Gauge(
+            "session_router_free_session_room",
+            "New sessions the healthy replicas can still take, GPU and host.",
+            registry=registry,
+        )
+        self.steps = Counter(
+            "session_router_scaling_steps",
+            "Replicas the autoscaler added (up) or removed (down), by reason.",
+            ["direction", "reason"],
+            registry=registry,
+        )
+        self.desired.set(desired)
+
+    def observe(self, room: int, desired: int) -> None:
+        self.room.set(room)
+        self.desired.set(desired)
+
+    def step(self, direction: str, reason: str) -> None:
+        self.steps.labels(direction=direction, reason=reason).inc()
