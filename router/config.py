@@ -81,8 +81,8 @@ class GatewayConfig:
 @dataclass(frozen=True)
 class ScalingConfig:
     """When the autoscaler adds and removes replicas (it is on when --max-replicas exceeds
-    --min-replicas): up when the cluster's free session room stays low, down when an idle
-    replica's room has stayed unneeded."""
+    --min-replicas): up when the cluster's free session room stays low, down when a replica's
+    sessions have fitted in the others' room (it is drained with migration)."""
 
     scale_up_free_sessions: int = setting(
         4, "add a replica when the cluster's free session room (GPU and host) stays below this"
@@ -90,8 +90,8 @@ class ScalingConfig:
     scale_up_after_s: float = setting(5.0, "... for this long")
     scale_down_after_s: float = setting(
         60.0,
-        "remove an idle replica once the others' free room has stayed at twice "
-        "--scale-up-free-sessions or more for this long",
+        "remove a replica (draining it with migration) once its sessions have fitted in the "
+        "others' free room with twice --scale-up-free-sessions to spare for this long",
     )
 
     def __post_init__(self) -> None:

@@ -10,13 +10,16 @@ room: the new sessions its healthy replicas can still take, in GPU slots and in 
   ``ReplicaSupervisor`` starts the replica. A replica that no node can hold stays pending, which
   is what Ray's autoscaler acts on (KubeRay: it adds a GPU worker, the replica starts there);
   ``--replica-start-timeout-s`` bounds the wait, and a start that fails is tried again.
-- Down: when more than the fewest are live, none is starting, and the room of the others has
-  stayed at least twice ``--scale-up-free-sessions`` for ``--scale-down-after-s`` without an
-  idle replica (one holding no session), that replica is drained (it takes no new session),
-  checked empty, retired at the router (it leaves ListReplicas and /metrics, never counted
-  dead) and stopped; the target shrinks by one. No session is ever cut: a replica that holds one
-  is not removed (without migration between replicas, a busy replica stays until it is idle),
-  and one that gained a session while it drained is resumed.
+- Down: when more than the fewest are live, none is starting, and for ``--scale-down-after-s``
+  some replica's sessions have fitted in the others' room with at least twice
+  ``--scale-up-free-sessions`` to spare (an idle replica, or a lightly loaded one: the one
+  holding the fewest sessions is chosen), that replica is drained with migration (the router's
+  ``drain(migrate=True)``: it takes no new session, its idle and parked sessions move to the
+  others at once, a running turn's session as soon as that turn ends; clients see no error),
+  retired at the router once it holds none (it leaves ListReplicas and /metrics, never counted
+  dead) and stopped, with its checkpoint store; the target shrinks by one. No session is ever
+  cut: a replica whose sessions could not all move within ``--drain-timeout-s`` (no room after
+  all) is resumed, keeping those left.
 
 Each step is logged with why, and counted in ``session_router_scaling_steps_total{direction,
 reason}``; ``session_router_replicas_desired`` and ``session_router_free_session_room`` show
@@ -33,8 +36,9 @@ from typing import Any
 
 import ray
 
-from replica.api import ActorError, PoolSnapshot
+from replica.api import ActorError
 from router.config import ScalingConfig
+from router.control.drain import Drained
 from router.control.placement import is_healthy, session_room
 from router.control.views import ReplicaView
 from router.gateway.router_client import RouterClient
@@ -53,6 +57,7 @@ class Autoscaler:
         config: ScalingConfig,
         bounds: tuple[int, int],
         replicas: dict[str, Any],
+        stores: dict[str, Any],
         starting: set[str],
         supervisor: ReplicaSupervisor,
         router: RouterClient,
@@ -60,19 +65,20 @@ class Autoscaler:
         interval_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``bounds``: (fewest, most) replicas; ``replicas``/``starting``: the serve process's
-        own map of replica handles and the ids still starting (shared with the supervisor,
-        whose ``target`` this changes)."""
+        """``bounds``: (fewest, most) replicas; ``replicas``/``stores``/``starting``: the serve
+        process's own maps of replica handles and their checkpoint stores, and the ids still
+        starting (shared with the supervisor, whose ``target`` this changes)."""
         self.config = config
         self.fewest, self.most = bounds
         self.replicas = replicas
+        self.stores = stores
         self.starting = starting
         self.supervisor = supervisor
         self.router = router
         self.metrics = metrics
         self.clock = clock
         self._low_since: float | None = None  # room below the threshold since
-        self._spare_since: float | None = None  # an idle replica's room unneeded since
+        self._spare_since: float | None = None  # a replica's room unneeded since
         self.rounds = Periodic("the autoscaler", self.step, interval_s)
 
     def start(self) -> None:
@@ -91,8 +97,8 @@ class Autoscaler:
         self.metrics.observe(room, self.supervisor.target)
         now, threshold = self.clock(), self.config.scale_up_free_sessions
         self._low_since = (self._low_since or now) if room < threshold else None
-        idle = self._idle(views, room, 2 * threshold)
-        self._spare_since = (self._spare_since or now) if idle else None
+        spare = self._spare(views, room, 2 * threshold)
+        self._spare_since = (self._spare_since or now) if spare else None
         if self.starting or len(self.replicas) < self.supervisor.target:
             return  # one step at a time: a replica on its way changes the room
         live = len(self.replicas)
@@ -101,21 +107,18 @@ class Autoscaler:
                 why = f"free session room {room} < {threshold} for {now - self._low_since:.0f}s"
                 self._low_since = None
                 self._scaled("up", "free_room_low", why, live + 1)
-        elif idle is not None and now - self._spare_since >= self.config.scale_down_after_s:
+        elif spare is not None and now - self._spare_since >= self.config.scale_down_after_s:
             if live > self.fewest:
                 self._spare_since = None
-                await self._remove(idle, room)
+                await self._remove(spare, room)
 
-    def _idle(self, views: list[ReplicaView], room: int, needed: int) -> ReplicaView | None:
-        """A replica holding no session whose room the others can spare (their room is at
-        least ``needed`` without it); the one with the least room, then the last by id."""
-        idle = [
-            v
-            for v in views
-            if is_healthy(v) and v.sessions_pinned == 0 and v.snapshot.open_sessions == 0
-        ]
-        spare = [v for v in idle if room - session_room(v) >= needed]
-        return min(spare, key=lambda v: (session_room(v), v.replica_id), default=None)
+    def _spare(self, views: list[ReplicaView], room: int, needed: int) -> ReplicaView | None:
+        """A replica the others can spare: its sessions fit in their room with at least
+        ``needed`` left over. The one holding the fewest sessions (an idle one first), then the
+        least room, then the first by id."""
+        healthy = [v for v in views if is_healthy(v)]
+        spare = [v for v in healthy if room - session_room(v) - _held(v) >= needed]
+        return min(spare, key=lambda v: (_held(v), session_room(v), v.replica_id), default=None)
 
     def _scaled(self, direction: str, reason: str, why: str, replicas: int) -> None:
         if direction == "up":
@@ -125,31 +128,41 @@ class Autoscaler:
         log.warning("autoscaler: scaling %s to %d replicas: %s", direction, replicas, why)
 
     async def _remove(self, view: ReplicaView, room: int) -> None:
-        """Drain the idle replica, and remove it if it is still empty; else take it back."""
+        """Drain the replica with migration; once it holds no session, retire and stop it.
+        Sessions left on it (no room for them within the drain's bound): it is resumed."""
         replica_id = view.replica_id
-        handle = self.replicas[replica_id]
-        await self.router.call("drain", replica_id)
-        snap: PoolSnapshot | ActorError = await handle.snapshot.remote(True)
-        retired = False
-        if isinstance(snap, PoolSnapshot) and snap.open_sessions == 0:
+        drained = await self.router.call("drain", replica_id, True)
+        retired: bool | ActorError = False
+        if not isinstance(drained, ActorError) and drained.sessions_left == 0:
             retired = await self.router.call("retire_replica", replica_id)
         if retired is not True:
-            log.info("autoscaler: %s gained a session while it drained; it stays", replica_id)
-            await self.router.call("drain", replica_id, False)
+            left = drained.sessions_left if isinstance(drained, Drained) else "some"
+            log.warning("autoscaler: %s kept %s sessions in its drain; it stays", replica_id, left)
+            await self.router.call("resume", replica_id)
             return
-        del self.replicas[replica_id]
+        handle, store = self.replicas.pop(replica_id), self.stores.pop(replica_id, None)
         self.supervisor.target -= 1
         others = room - session_room(view)
-        why = f"{replica_id} was idle and the others' free session room is {others}"
-        self._scaled("down", "idle", why, len(self.replicas))
-        await stop_replica(handle)
+        moved = drained.sessions_migrated
+        reason = "light_load" if moved else "idle"
+        why = f"{replica_id}'s {moved} sessions fitted in the others' free session room {others}"
+        self._scaled("down", reason, why, len(self.replicas))
+        await stop_replica(handle, store)
 
 
-async def stop_replica(handle: Any) -> None:
-    """Shut a replica down (it releases what it holds) and end its actor."""
+def _held(view: ReplicaView) -> int:
+    """The sessions a replica holds, as far as the router knows."""
+    return max(view.sessions_pinned, view.snapshot.open_sessions if view.snapshot else 0)
+
+
+async def stop_replica(handle: Any, store: Any = None) -> None:
+    """Shut a replica down (it releases what it still holds) and end its actor and its
+    checkpoint store."""
     call: Awaitable = handle.shutdown.remote()
     try:
         await asyncio.wait_for(call, timeout=STOP_TIMEOUT_S)
     except Exception as exc:  # noqa: BLE001 - it is going either way
         log.info("shutdown of a removed replica: %s", exc)
-    ray.kill(handle, no_restart=True)
+    for actor in (handle, store):
+        if actor is not None:
+            ray.kill(actor, no_restart=True)

@@ -5,7 +5,8 @@
 - ``session_router_free_session_room`` gauge: the new sessions the healthy replicas can still
   take (GPU and host), as the autoscaler last counted them;
 - ``session_router_scaling_steps_total{direction,reason}`` counter: replicas added (``up``,
-  reason ``free_room_low``) and removed (``down``, reason ``idle``).
+  reason ``free_room_low``) and removed (``down``, reason ``idle``, or ``light_load`` when its
+  sessions were migrated to the others first).
 """
 
 from __future__ import annotations

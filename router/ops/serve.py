@@ -149,6 +149,7 @@ class Server:
                 cfg.scaling,
                 (cfg.fewest_replicas, cfg.most_replicas),
                 self.replicas,
+                self.stores,
                 self.starting,
                 self.supervisor,
                 RouterClient(self.router),
