@@ -8,10 +8,14 @@ Refusals come back as ``ActorError`` values (a gRPC status name and a message), 
 exceptions, so callers map them without unwrapping Ray errors. The actor pushes its
 ``PoolSnapshot`` to the router about every second (``replica.reporting``).
 
-A replica whose engine loop dies is dead even though its process lives: it ends every session's
-call with ABORTED at once (an event to each session's gateway), tells the router (which marks it
-DEAD and stops placing on it), stops reporting snapshots and answers ``ping`` with False; every
-later call is refused with ABORTED. The serve process then kills it and starts a replacement.
+A replica whose engine loop dies is dead even though its process lives: it ends every gateway's
+output stream and its checkpoint stream at once, as the death of its process would, tells the
+router (which marks it DEAD, restores its sessions elsewhere from their checkpoints and stops
+placing on it), stops reporting snapshots and answers ``ping`` with False; every later call is
+refused with ABORTED. The serve process then kills it and starts a replacement.
+
+The calls about sessions (open, close, turns, leases) are ``SessionsAPI``'s; moving sessions to
+and from other replicas is ``SessionMovesAPI``'s; checkpoints are ``CheckpointsAPI``'s.
 """
 
 from __future__ import annotations
@@ -21,26 +25,28 @@ import dataclasses
 import logging
 from typing import Any
 
+from replica.actor_checkpoints import CheckpointsAPI
+from replica.actor_moves import SessionMovesAPI
+from replica.actor_sessions import SessionsAPI
 from replica.api import (
     ActorError,
-    Closed,
-    Opened,
     PoolSnapshot,
     ReleaseReason,
     ReplicaDescription,
     ReplicaError,
-    SamplingParams,
-    SessionInfo,
-    StatusCode,
 )
+from replica.checkpoints.outbox import CheckpointOutbox
+from replica.checkpoints.store import CheckpointStore
 from replica.config import ReplicaConfig
 from replica.gateway_outputs import GatewayOutputs
 from replica.reporting import RouterReporter
 
 log = logging.getLogger(__name__)
 
+__all__ = ["CheckpointStore", "ReplicaActor"]  # the serve process starts a store per replica
 
-class ReplicaActor:
+
+class ReplicaActor(SessionsAPI, SessionMovesAPI, CheckpointsAPI):
     def __init__(
         self,
         replica_id: str,
@@ -65,6 +71,8 @@ class ReplicaActor:
         self.router = router
         self.report_interval_s = report_interval_s
         self.outputs = GatewayOutputs()
+        self.checkpoint_outbox: CheckpointOutbox | None = None
+        self.checkpoint_store: Any = None  # set when the store follows this replica
         self._async = None
         self._reporter: RouterReporter | None = None
         self._tasks: set[asyncio.Task] = set()  # the report loop, the death report
@@ -73,11 +81,22 @@ class ReplicaActor:
         if self._async is None:
             from replica.engine.async_engine import AsyncEngine
 
+            dispatch = self.outputs.dispatch
+            if self.config.session_checkpoints:
+                pools = self.config.pools
+                capacity = pools.max_sessions + pools.max_parked_sessions
+                log_ = self.engine.checkpoints
+                outbox = self.checkpoint_outbox = CheckpointOutbox(
+                    dispatch, capacity, lambda on: setattr(log_, "enabled", on)
+                )
+                self.engine.checkpoint_accounting = lambda: (outbox.pool_stats(), outbox.stats())
+                dispatch = outbox.dispatch
             self._async = AsyncEngine(
                 self.engine,
-                self.outputs.dispatch,
+                dispatch,
                 self._note_released,
                 on_failed=self._engine_failed,
+                on_checkpoints=self.checkpoint_outbox and self.checkpoint_outbox.push,
             )
             if self.router is not None:
                 self._reporter = RouterReporter(
@@ -103,6 +122,7 @@ class ReplicaActor:
             await self.describe(),
             await self._call(self.engine.session_tenants),
             self._async.latest_snapshot,
+            self.checkpoint_store,
         )
 
     def _note_released(self, session_ids: list[str]) -> None:
@@ -110,11 +130,12 @@ class ReplicaActor:
             self._reporter.note_released(session_ids)
 
     def _engine_failed(self, error: BaseException) -> None:
-        """The engine loop died: end every session's call now, and tell the router."""
-        sessions = self.engine.sessions.sessions  # the engine thread is gone: safe to read
-        self.outputs.abort_sessions({sid: slot.gateway_id for sid, slot in sessions.items()})
+        """The engine loop died: end the output and checkpoint streams now, tell the router."""
+        why = f"engine loop failed: {type(error).__name__}: {error}"
+        self.outputs.fail(why)
+        if self.checkpoint_outbox is not None:
+            self.checkpoint_outbox.close()
         if self._reporter is not None:
-            why = f"engine loop failed: {type(error).__name__}: {error}"
             self._spawn(self._reporter.report_death(why))
 
     async def _call(self, fn, *args) -> Any:
@@ -140,73 +161,6 @@ class ReplicaActor:
             pools.max_context,
             self.engine.model_config.vocab_size,
         )
-
-    async def open_session(
-        self,
-        session_id: str,
-        idle_timeout_s: float = 0.0,
-        gateway_id: str = "",
-        tenant: str = "",
-        lease_s: float = 0.0,
-    ) -> Opened | ActorError:
-        """Open a session; the reply carries the snapshot taken right after, so the router's
-        view of this replica's room is never older than its own placements. ``lease_s`` > 0:
-        a stream holds it open (see ``hold_sessions``) from the start."""
-
-        def open_one() -> Opened:
-            info = self.engine.open_session(session_id, idle_timeout_s, tenant, gateway_id)
-            if lease_s > 0:
-                self.engine.leases.hold([session_id], lease_s)
-            return Opened(info, self.engine.snapshot())
-
-        return await self._call(open_one)
-
-    async def close_sessions(
-        self, session_ids: list[str], reason: ReleaseReason = ReleaseReason.CLOSED
-    ) -> Closed | ActorError:
-        """Release sessions (idempotent); the reply carries the snapshot taken right after."""
-
-        def close_all() -> Closed:
-            was_open = tuple(self.engine.close_session(sid, reason) for sid in session_ids)
-            return Closed(was_open, self.engine.snapshot())
-
-        return await self._call(close_all)
-
-    async def submit_turn(
-        self,
-        gateway_id: str,
-        session_id: str,
-        text: str | None,
-        token_ids: list[int] | None,
-        sampling: SamplingParams,
-    ) -> int | ActorError:
-        """Queue a turn; returns its turn id. Its events go to ``gateway_id``'s stream."""
-        if text is not None and token_ids is not None:
-            return ActorError(StatusCode.INVALID_ARGUMENT, "give either text or tokens, not both")
-        ids = self.tokenizer.encode(text) if text is not None else list(token_ids or [])
-        return await self._call(
-            lambda: self.engine.submit(session_id, ids, sampling, gateway_id).rid
-        )
-
-    async def hold_sessions(self, session_ids: list[str], lease_s: float) -> None | ActorError:
-        """Suspend the idle timeout of these sessions for ``lease_s`` seconds: their Converse
-        streams are open (the gateway renews this well within ``lease_s``)."""
-        return await self._call(self.engine.leases.hold, session_ids, lease_s)
-
-    async def interrupt(self, session_id: str) -> bool | ActorError:
-        return await self._call(self.engine.interrupt, session_id)
-
-    async def cancel(
-        self, session_id: str, why: str = "cancelled by the client", turn_id: int | None = None
-    ) -> bool | ActorError:
-        return await self._call(self.engine.cancel, session_id, why, turn_id)
-
-    async def get_session(self, session_id: str) -> SessionInfo | ActorError:
-        return await self._call(self.engine.session_info, session_id)
-
-    async def list_sessions(self) -> dict[str, str] | ActorError:
-        """Every session the replica holds, with its tenant."""
-        return await self._call(self.engine.session_tenants)
 
     async def snapshot(self, exact: bool = True) -> PoolSnapshot | ActorError:
         """A consistent snapshot: ``exact`` takes it between two steps, else the latest one."""

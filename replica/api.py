@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class StatusCode(str, enum.Enum):
@@ -42,6 +43,14 @@ class ReleaseReason(str, enum.Enum):
     MIGRATED = "migrated"
 
 
+class MigrationReason(str, enum.Enum):
+    """Why a session moved to another replica (the ``reason`` label of the migrated counter)."""
+
+    DRAIN = "drain"  # DrainReplica(migrate=true)
+    ADMIN = "admin"  # MigrateSession
+    FAILOVER = "failover"  # its replica died; restored from its checkpoint
+
+
 class FinishReason(enum.IntEnum):
     """Values match ``session_router.v1.FinishReason``."""
 
@@ -51,8 +60,9 @@ class FinishReason(enum.IntEnum):
     INTERRUPTED = 3
 
 
-POOL_NAMES = ("mamba", "kv_tokens", "req", "host_mamba", "host_kv_tokens")
+POOL_NAMES = ("mamba", "kv_tokens", "req", "host_mamba", "host_kv_tokens", "checkpoints")
 HOST_POOL_NAMES = ("host_mamba", "host_kv_tokens")  # present only on replicas that park
+CHECKPOINT_POOL = "checkpoints"  # present only on replicas that checkpoint sessions
 POOL_STATES = ("free", "in_use", "session_held", "cached")
 
 
@@ -71,6 +81,13 @@ def replica_lost_message(session_id: str) -> str:
     return (
         f"the replica of session {clip_id(session_id)} died and its state is gone; "
         "open a new session"
+    )
+
+
+def session_restored_message(session_id: str, committed_tokens: int) -> str:
+    return (
+        f"the replica of session {clip_id(session_id)} died during this turn; retry the turn: "
+        f"the session continues at committed_tokens {committed_tokens}"
     )
 
 
@@ -114,6 +131,19 @@ class InvalidRequestError(ReplicaError):
 
 class ReplicaDrainingError(ReplicaError):
     code = StatusCode.RESOURCE_EXHAUSTED
+
+
+class SessionMovingError(ReplicaError):
+    """The session is moving to another replica: ask the router where it is, and retry there
+    (the gateway does; a client never sees this)."""
+
+    code = StatusCode.UNAVAILABLE
+
+
+class IncompatibleStateError(ReplicaError):
+    """Session state exported by a replica of another model (or format) than this one."""
+
+    code = StatusCode.FAILED_PRECONDITION
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,9 +232,85 @@ class Opened:
 
 @dataclass(frozen=True, slots=True)
 class Closed:
-    """Sessions released on a replica (whether each was open), and its snapshot right after."""
+    """Sessions released on a replica (whether each was open), and its snapshot right after.
+    ``moving`` are those not released because they are moving to another replica: close them
+    where the router says they are now."""
 
     was_open: tuple[bool, ...]
+    snapshot: PoolSnapshot
+    moving: tuple[str, ...] = ()
+
+
+# ----- session state that moves between replicas -----------------------------------------------
+
+
+STATE_FORMAT = 1  # the layout of ``SessionStates``; a replica imports only its own
+
+
+@dataclass(frozen=True, slots=True)
+class SessionMeta:
+    """One session's facts in a ``SessionStates`` record: its owner, its idle timeout, the
+    tokens folded into its state (KV positions ``0..committed_len-1``), the tokens produced but
+    not folded yet, and what was left of a stream's hold on it (``lease_s``)."""
+
+    session_id: str
+    tenant: str
+    idle_timeout_s: float
+    committed_len: int
+    pending_ids: tuple[int, ...] = ()
+    lease_s: float = 0.0
+
+    @property
+    def committed_tokens(self) -> int:
+        return self.committed_len + len(self.pending_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionStates:
+    """The whole state of ``sessions``, exported by one replica for another running the same
+    model (``model`` is its fingerprint) to import; versioned by ``format``.
+
+    The tensors are numpy arrays of raw bytes (``uint8``, the last dimension times the element
+    size of ``state_dtype``/``kv_dtype``), so the record crosses Ray's object store without a
+    copy in pickle and without torch on the reader's side: ``conv``/``ssm`` ``[mamba layers,
+    sessions, *state]`` (each session's live state, in ``sessions`` order) and ``k``/``v``
+    ``[attention layers, tokens, kv heads, head_dim]`` (the committed positions of each session
+    in turn, ``committed_len`` of them each).
+    """
+
+    format: int
+    model: str
+    state_dtype: str
+    kv_dtype: str
+    sessions: tuple[SessionMeta, ...]
+    conv: Any
+    ssm: Any
+    k: Any
+    v: Any
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(a.nbytes) for a in (self.conv, self.ssm, self.k, self.v))
+
+
+@dataclass(frozen=True, slots=True)
+class Exported:
+    """What ``export_sessions`` did: ``exported`` are in its states record, in order (moving:
+    they take no turn until ``finish_export``); ``busy`` still run a turn (moving too, exported
+    once it ends); ``missing`` are not open here."""
+
+    exported: tuple[str, ...] = ()
+    busy: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Imported:
+    """What ``import_sessions`` did: the sessions now open here, those refused (id -> why, with
+    its status), and the replica's snapshot right after."""
+
+    opened: tuple[SessionInfo, ...]
+    refused: dict[str, ActorError]
     snapshot: PoolSnapshot
 
 
@@ -268,6 +374,15 @@ class ParkingStats:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckpointStats:
+    """A replica's session checkpoints so far; all 0 without checkpoints."""
+
+    written_total: int = 0  # checkpoints written (one per session whose state changed)
+    bytes_written_total: int = 0
+    bytes_held: int = 0  # what its store holds now
+
+
+@dataclass(frozen=True, slots=True)
 class PoolSnapshot:
     """A consistent view of one replica's pools, taken between engine steps. Cheap to pickle."""
 
@@ -283,6 +398,7 @@ class PoolSnapshot:
     sessions_opened_total: int = 0
     sessions_released_total: dict[str, int] = field(default_factory=dict)
     parking: ParkingStats = field(default_factory=ParkingStats)
+    checkpoints: CheckpointStats = field(default_factory=CheckpointStats)
 
     def pool(self, name: str) -> PoolStats:
         for stats in self.pools:

@@ -149,6 +149,11 @@ class ReplicaConfig:
     max_prefill_chunk: int = setting(256, "input tokens of one turn folded in per engine step")
     max_batch_tokens: int = setting(2048, "tokens one engine step runs at most")
     threads: int = setting(0, "torch threads per replica (0: the cores shared among replicas)")
+    session_checkpoints: bool = setting(
+        True,
+        "after each turn, checkpoint the session's state (off the token path) to storage that "
+        "outlives this replica, so that its sessions survive its death",
+    )
     strict: bool = setting(False, "raise on any pool accounting violation")
     failpoints: frozenset[str] = setting(frozenset(), cli=False)  # see replica.failpoints
 

@@ -11,6 +11,8 @@ exists to catch:
 - ``engine_step_raises``: the next engine step raises outside any turn's error handling, so the
   engine loop dies; caught by dead-replica detection.
 - ``drop_snapshots``: the replica stops pushing snapshots; caught by stale-snapshot detection.
+- ``leak_checkpoint_on_release``: a released session's checkpoint is not freed in its replica's
+  checkpoint store; caught by the ``checkpoints`` pool's ``leaked`` count (/metrics, alerts).
 """
 
 from __future__ import annotations
@@ -19,7 +21,13 @@ import os
 from collections.abc import Mapping
 
 ENV_VAR = "SESSION_ROUTER_FAILPOINTS"
-NAMES = ("leak_mamba_on_release", "leak_kv_on_release", "engine_step_raises", "drop_snapshots")
+NAMES = (
+    "leak_mamba_on_release",
+    "leak_kv_on_release",
+    "engine_step_raises",
+    "drop_snapshots",
+    "leak_checkpoint_on_release",
+)
 
 
 def parse(value: str) -> frozenset[str]:

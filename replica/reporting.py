@@ -71,7 +71,7 @@ class RouterReporter:
         deadline = loop.time() + DEATH_REPORT_S
         while True:
             try:
-                await self.router.replica_failed.remote(self.replica_id, why)
+                await self.router.replica_failed.remote(self.replica_id, why, False)
                 return
             except Exception as exc:  # noqa: BLE001 - the router may be restarting
                 if loop.time() > deadline:

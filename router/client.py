@@ -113,6 +113,27 @@ class SessionClient(_Stubs):
             self.admin.ListReplicas(pb.ListReplicasRequest(), metadata=self.metadata).replicas
         )
 
+    def drain(
+        self, replica_id: str, migrate: bool = False, timeout: float | None = None
+    ) -> pb.DrainReplicaResponse:
+        """Drain a replica (admin); with ``migrate``, its sessions move to the others and the
+        answer comes when it holds none, or before ``timeout`` with how many are left."""
+        request = pb.DrainReplicaRequest(replica_id=replica_id, migrate=migrate)
+        return self.admin.DrainReplica(request, metadata=self.metadata, timeout=timeout)
+
+    def resume(self, replica_id: str) -> pb.ReplicaInfo:
+        request = pb.ResumeReplicaRequest(replica_id=replica_id)
+        return self.admin.ResumeReplica(request, metadata=self.metadata).replica
+
+    def migrate(
+        self, session_id: str, target_replica_id: str = "", timeout: float | None = None
+    ) -> pb.Session:
+        """Move a session to ``target_replica_id`` (empty: placement chooses); admin."""
+        request = pb.MigrateSessionRequest(
+            session_id=session_id, target_replica_id=target_replica_id
+        )
+        return self.admin.MigrateSession(request, metadata=self.metadata, timeout=timeout)
+
     def close(self) -> None:
         self.channel.close()
 

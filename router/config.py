@@ -28,6 +28,11 @@ class RouterConfig:
     dead_replica_retention_s: float = setting(
         300.0, "a dead replica stays listed (DEAD, replica_up 0) this long, then leaves /metrics"
     )
+    drain_timeout_s: float = setting(
+        300.0,
+        "DrainReplica(migrate=true) and MigrateSession wait this long at most for sessions to "
+        "move (a running turn ends first), then answer with how many are left",
+    )
 
     def __post_init__(self) -> None:
         if self.open_timeout_s < 0:
@@ -36,6 +41,8 @@ class RouterConfig:
             raise ValueError("--stale-after-s must be positive")
         if self.dead_replica_retention_s < 0:
             raise ValueError("--dead-replica-retention-s must be >= 0")
+        if self.drain_timeout_s < 0:
+            raise ValueError("--drain-timeout-s must be >= 0")
 
 
 @dataclass(frozen=True)

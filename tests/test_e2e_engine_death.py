@@ -3,11 +3,13 @@
 pushing its last snapshot, the router kept it HEALTHY and placed sessions on it, and the client
 that triggered it hung until its deadline.
 
-Now the replica is dead at once: the turn that killed it and every later call on its sessions end
-ABORTED, ListReplicas shows it DEAD long before any staleness check could (``stale_after_s`` is a
-minute here), nothing is placed on it, a replacement joins empty and serves, and once the router
-forgets it its series leave /metrics. The failpoint is in the environment only while the module's
-server starts its first replicas, so the replacement is healthy.
+Now the replica is dead at once: without session checkpoints (``--no-session-checkpoints``; with
+them its sessions would be restored elsewhere, tests/test_e2e_failover.py) the turn that killed it
+and every later call on its sessions end ABORTED, ListReplicas shows it DEAD long before any
+staleness check could (``stale_after_s`` is a minute here), nothing is placed on it, a replacement
+joins empty and serves, and once the router forgets it its series leave /metrics. The failpoint is
+in the environment only while the module's server starts its first replicas, so the replacement is
+healthy.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from tests.support.cluster import ServerThread, drain_stream, rpc_error, wait_fo
 def server(ray_cluster):
     os.environ[failpoints.ENV_VAR] = "engine_step_raises"
     try:
-        srv = ServerThread(stale_after_s=60.0, dead_replica_retention_s=8.0).start()
+        srv = ServerThread(
+            stale_after_s=60.0, dead_replica_retention_s=8.0, session_checkpoints=False
+        ).start()
     finally:
         del os.environ[failpoints.ENV_VAR]
     yield srv

@@ -1,4 +1,5 @@
-"""End to end: a replica killed under its sessions. Its sessions' next turn is ABORTED (and a
+"""End to end: a replica killed under its sessions, without session checkpoints (``--no-session-
+checkpoints``; with them, tests/test_e2e_failover.py). Its sessions' next turn is ABORTED (and a
 turn streaming when it died ends ABORTED instead of hanging), the other replica's sessions are
 untouched, new sessions never go to the dead one, ListReplicas shows it DEAD, and a replacement
 brings the cluster back to --replicas replicas.
@@ -24,7 +25,7 @@ STALE_AFTER_S = 2.0
 
 @pytest.fixture(scope="module")
 def server(ray_cluster):
-    srv = ServerThread(stale_after_s=STALE_AFTER_S).start()
+    srv = ServerThread(stale_after_s=STALE_AFTER_S, session_checkpoints=False).start()
     yield srv
     srv.stop()
 

@@ -231,12 +231,15 @@ def test_health_and_reflection(server):
 
 
 def test_aborted_after_the_replica_died(server, alice):
-    """Kills one of the module's replicas; the test ends when its replacement has joined."""
+    """Kills one of the module's replicas, and first its checkpoint store, so that its
+    sessions' state is gone (with it, they would be restored elsewhere:
+    tests/test_e2e_failover.py); the test ends when the replacement has joined."""
     server.wait_healed()
     sessions = [alice.open() for _ in range(4)]
     victim = sessions[0].replica_id
     for s in sessions:
         drain_stream(s.generate(tokens=[1, 2], max_new_tokens=2))
+    ray.kill(server.server.stores[victim], no_restart=True)
     ray.kill(server.replicas[victim], no_restart=True)
     doomed = [s for s in sessions if s.replica_id == victim]
     for s in doomed:

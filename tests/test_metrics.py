@@ -29,6 +29,11 @@ CLUSTER_FAMILIES = {
     "session_router_session_parks_total": "counter",
     "session_router_session_restores_total": "counter",
     "session_router_restore_seconds": "histogram",
+    "session_router_sessions_migrated_total": "counter",
+    "session_router_sessions_moving": "gauge",
+    "session_router_checkpoints_written_total": "counter",
+    "session_router_checkpoint_bytes_written_total": "counter",
+    "session_router_checkpoint_bytes": "gauge",
 }
 GATEWAY_FAMILIES = {
     "session_router_rpc_requests_total": "counter",
@@ -104,6 +109,31 @@ def test_values_come_from_the_snapshots(exposition):
     assert select(samples, "session_router_snapshot_age_seconds", replica="replica-b") == [1.5]
 
 
+def test_migration_and_checkpoint_metrics_come_from_the_views(exposition):
+    """Moves are counted on the replica sessions left (every reason on every listed replica,
+    a dead one's failovers too); checkpoint totals and the checkpoints pool come from each live
+    replica's snapshot."""
+    samples = parse_samples(exposition)
+    migrated = "session_router_sessions_migrated_total"
+    for replica in ("replica-a", "replica-b", "replica-c"):
+        assert len(select(samples, migrated, replica=replica)) == 3
+    assert select(samples, migrated, replica="replica-b", reason="drain") == [3]
+    assert select(samples, migrated, replica="replica-c", reason="failover") == [5]
+    assert select(samples, migrated, replica="replica-a", reason="failover") == [0]
+    assert select(samples, "session_router_sessions_moving", replica="replica-b") == [2]
+    assert select(samples, "session_router_sessions_moving", replica="replica-c") == []
+    written = "session_router_checkpoints_written_total"
+    assert select(samples, written, replica="replica-a") == [40]
+    assert select(samples, written, replica="replica-b") == [0]  # it does not checkpoint
+    assert select(
+        samples, "session_router_checkpoint_bytes_written_total", replica="replica-a"
+    ) == [4_000_000]
+    assert select(samples, "session_router_checkpoint_bytes", replica="replica-a") == [800_000]
+    assert select(
+        samples, "session_router_pool_slots", replica="replica-a", pool="checkpoints"
+    ) == [10, 0, 8, 0]
+
+
 def test_parking_metrics_come_from_the_snapshots(exposition):
     """Host pools join the pool gauges; parked sessions, parks, restores and the restore time
     histogram (cumulative buckets, +Inf = count) come from each replica's snapshot."""
@@ -163,6 +193,7 @@ def test_a_dead_replica_exports_up_and_counters_only():
         "session_router_replica_up",
         "session_router_sessions_opened_total",
         "session_router_sessions_released_total",
+        "session_router_sessions_migrated_total",
     }
     assert select(samples, "session_router_replica_up", replica="replica-a") == [0]
     free = sum(select(samples, "session_router_pool_slots", pool="mamba", state="free"))

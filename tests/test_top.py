@@ -49,8 +49,10 @@ def test_parse_table_reads_every_replica(metrics_url):
         "req",
         "host_mamba",
         "host_kv_tokens",
+        "checkpoints",
     ]
     assert a.pools[3] == PoolRow("host_mamba", 3, 7, 0, 0, 10, 0)
+    assert (a.moving, a.moved, b.moving, b.moved, c.moved) == (0, 1, 2, 3, 5)
     assert b.parked is None  # replica-b does not park
     mamba = a.pools[0]
     assert (
@@ -73,6 +75,8 @@ def test_render_shows_the_numbers_and_marks_leaks(metrics_url):
         "STATE",
         "SESSIONS",
         "PARKED",
+        "MOVING",
+        "MOVED",
         "PINNED",
         "AGE",
         "POOL",
@@ -88,6 +92,8 @@ def test_render_shows_the_numbers_and_marks_leaks(metrics_url):
         "up",
         "8",
         "3",
+        "0",
+        "1",
         "8",
         "0.2s",
         "mamba",
@@ -103,6 +109,8 @@ def test_render_shows_the_numbers_and_marks_leaks(metrics_url):
         "draining",
         "5",
         "-",
+        "2",
+        "3",
         "4",
         "1.5s",
         "mamba",
@@ -126,7 +134,7 @@ def test_render_shows_the_numbers_and_marks_leaks(metrics_url):
     offset = header.index("POOL")
     assert all(
         line[offset:].split()[0]
-        in ("mamba", "kv_tokens", "req", "host_mamba", "host_kv_tokens", "-")
+        in ("mamba", "kv_tokens", "req", "host_mamba", "host_kv_tokens", "checkpoints", "-")
         for line in table.splitlines()[1:-1]
     )
 
@@ -135,7 +143,7 @@ def test_once_mode_prints_the_table(metrics_url, capsys):
     assert cli_main(["top", "--metrics-url", metrics_url, "--once"]) == 0
     printed = capsys.readouterr().out
     assert metrics_url in printed
-    assert cells(printed, "replica-a")[6:10] == ["mamba", "8", "6", "2"]
+    assert cells(printed, "replica-a")[8:12] == ["mamba", "8", "6", "2"]
     assert CLEAR_SCREEN not in printed  # not a tty
 
 

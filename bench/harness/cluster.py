@@ -61,12 +61,12 @@ class LocalCluster:
         are draining)."""
         others = sorted(self.server.replicas)[1:]
         for replica_id in others:
-            await self.server.router.drain.remote(replica_id, True)
+            await self.server.router.drain.remote(replica_id)
         try:
             yield
         finally:
             for replica_id in others:
-                await self.server.router.drain.remote(replica_id, False)
+                await self.server.router.resume.remote(replica_id)
 
     def print_setup(self, started_in_s: float) -> None:
         cfg, cpus = self.config, os.cpu_count() or 1

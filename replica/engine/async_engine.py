@@ -2,7 +2,8 @@
 
 The engine is single-threaded by contract, so this wrapper gives it one thread that owns it.
 Callers on the event loop send commands (``call``) that the engine thread runs between steps, and
-receive each step's ``TurnEvent``s through the ``on_events`` callback, called on the event loop.
+receive each step's ``TurnEvent``s through the ``on_events`` callback, called on the event loop
+(preceded by ``on_checkpoints`` with what the step left to checkpoint, when checkpoints are on).
 The engine thread never blocks on the event loop, and the event loop never waits for a step.
 Between steps the thread also releases (and, with ``park_after_idle_s``, parks) idle sessions about
 every second, and publishes a fresh ``PoolSnapshot`` (``latest_snapshot``) about every
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from replica.api import PoolSnapshot, ReplicaError, StatusCode, TurnEvent
+from replica.checkpoints.log import CheckpointBatch
 from replica.engine.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -45,9 +47,11 @@ class AsyncEngine:
         on_released: Callable[[list[str]], None] | None = None,
         snapshot_interval_s: float = 0.25,
         on_failed: Callable[[BaseException], None] | None = None,
+        on_checkpoints: Callable[[CheckpointBatch], None] | None = None,
     ) -> None:
         self.engine = engine
         self._on_events = on_events
+        self._on_checkpoints = on_checkpoints
         self._on_released = on_released
         self._on_failed = on_failed
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -74,6 +78,9 @@ class AsyncEngine:
             while not self._stop.is_set():
                 self._apply_commands(block=not self.engine.has_work)
                 events = self.engine.step() if self.engine.has_work else self.engine.take_events()
+                checkpoints = self.engine.take_checkpoints()
+                if checkpoints and self._on_checkpoints:  # first: they hold back turn endings
+                    self._loop.call_soon_threadsafe(self._on_checkpoints, checkpoints)
                 if events:
                     self._loop.call_soon_threadsafe(self._on_events, events)
                 now = time.monotonic()

@@ -1,10 +1,12 @@
 """The replica's engine: continuous batching of session turns over one hybrid model.
 
-Single-threaded by contract: every method runs on the thread that calls ``step`` (the async
-wrapper queues commands and applies them between steps), so the pools change only between steps
-and every snapshot is consistent. ``step`` admits waiting turns, runs one forward for the decode
-batch and the prefill chunks, samples, streams ``TurnEvent``s, and ends finished turns. When the
-engine goes idle it checks the accounting invariant (strict mode raises).
+Session-level operations (open, close, idle releases, checkpoint notes) are ``SessionOps``'s;
+moving sessions between replicas is ``SessionMoves``'s. Single-threaded by contract: every
+method runs on the thread that calls ``step`` (the async wrapper queues commands and applies
+them between steps), so the pools change only between steps and every snapshot is consistent.
+``step`` admits waiting turns, runs one forward for the decode batch and the prefill chunks,
+samples, streams ``TurnEvent``s, and ends finished turns. When the engine goes idle it checks the
+accounting invariant (strict mode raises).
 
 How turns end is ``TurnOutputs``'s (closing a session during a turn cancels the turn). Errors
 stay with the turns they touch; only an error outside any turn escapes ``step``, and then the
@@ -19,34 +21,42 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 
+import torch
+
 from replica.accounting import InvariantChecker, count_pools
 from replica.api import (
+    CheckpointStats,
     FinishReason,
     PoolSnapshot,
-    ReleaseReason,
-    ReplicaDrainingError,
+    PoolStats,
     SamplingParams,
-    SessionInfo,
+    SessionMovingError,
     StatusCode,
     TurnEvent,
     TurnRunningError,
 )
+from replica.checkpoints.log import CheckpointLog
 from replica.config import ReplicaConfig
 from replica.engine.model_runner import ModelRunner
+from replica.engine.moves import SessionMoves
 from replica.engine.scheduler import Scheduler
+from replica.engine.session_ops import SessionOps
 from replica.engine.turn_check import check_turn
 from replica.engine.turn_outputs import TurnOutputs
 from replica.model import HybridModel, Tokenizer
+from replica.model.fingerprint import model_fingerprint
 from replica.pools.hybrid_pool import HybridReqToTokenPool
+from replica.pools.state_copy import StateCopier
 from replica.sessions.parking import Parker
 from replica.sessions.request import Req
-from replica.sessions.session import SessionSlot, StreamingSession
+from replica.sessions.session import StreamingSession
 from replica.sessions.stream_leases import StreamLeases
+from replica.sessions.transfer import StateTransfer
 
 log = logging.getLogger(__name__)
 
 
-class Engine:
+class Engine(SessionOps):
     def __init__(
         self,
         config: ReplicaConfig,
@@ -77,71 +87,25 @@ class Engine:
         self.checker = InvariantChecker(config.strict)
         self.leases = StreamLeases(self.sessions.clock)
         self.turns = TurnOutputs(tokenizer, self.scheduler, self.sessions)
+        self.fingerprint = model_fingerprint(model.cfg, model)
+        cuda = torch.device(config.pools.device).type == "cuda"
+        self.transfer = StateTransfer(
+            self.sessions, StateCopier(cuda), self.fingerprint, config.pools
+        )
+        self.moves = SessionMoves(self)
+        self.checkpoints: CheckpointLog | None = None
+        if config.session_checkpoints:
+            self.checkpoints = CheckpointLog(
+                self.transfer, "leak_checkpoint_on_release" in config.failpoints
+            )
+            self.sessions.on_changed = self.checkpoints.changed
+            self.sessions.on_released = self.checkpoints.released
+        # the replica's checkpoint accounting (its store's acknowledgements): pool and totals
+        self.checkpoint_accounting: Callable[[], tuple[PoolStats | None, CheckpointStats]] = (
+            lambda: (None, CheckpointStats())
+        )
         self.draining = False
         self._snapshot_seq = itertools.count(1)
-
-    # ----- sessions -------------------------------------------------------------------------
-
-    def open_session(
-        self,
-        session_id: str,
-        idle_timeout_s: float = 0.0,
-        tenant: str = "",
-        gateway_id: str = "",
-    ) -> SessionInfo:
-        """Open a session (its slots are reserved now); the idle timeout is capped by the
-        replica's. ``gateway_id`` is where its turn events go until a turn says otherwise."""
-        if self.draining:
-            raise ReplicaDrainingError(f"replica {self.replica_id} is draining")
-        cap = self.config.session_idle_timeout_s
-        timeout = min(idle_timeout_s, cap) if idle_timeout_s > 0 else cap
-        return self.info(self.sessions.open(session_id, timeout, tenant, gateway_id))
-
-    def close_session(self, session_id: str, reason: ReleaseReason = ReleaseReason.CLOSED) -> bool:
-        """Release the session; a turn in flight is cancelled first. Idempotent."""
-        self.cancel(session_id, "session closed")
-        return self.sessions.release_session(session_id, reason)
-
-    def info(self, slot: SessionSlot) -> SessionInfo:
-        return SessionInfo(
-            slot.session_id,
-            slot.committed_tokens,
-            self.config.pools.max_context,
-            self.scheduler.find(slot.session_id)[0] is not None,
-            slot.idle_timeout_s,
-            slot.parked,
-        )
-
-    def session_info(self, session_id: str) -> SessionInfo:
-        return self.info(self.sessions.get(session_id))
-
-    def session_tenants(self) -> dict[str, str]:
-        """Every open session and its tenant (what a restarted router rebuilds its table from)."""
-        return {
-            s.session_id: s.tenant
-            for s in self.sessions.sessions.values()
-            if s.close_reason is None
-        }
-
-    def release_idle(self) -> list[str]:
-        """Release the sessions idle past their timeout, except those with a turn waiting and
-        those a stream holds open (``leases``); returns their ids."""
-        self.leases.prune(self.sessions.sessions)
-        busy = {req.session_id for req in self.scheduler.waiting}
-        expired = [
-            sid
-            for sid in self.sessions.idle_expired()
-            if not (sid in busy or self.leases.held(sid))
-        ]
-        for sid in expired:
-            self.sessions.release_session(sid, ReleaseReason.IDLE_TIMEOUT)
-        return expired
-
-    def park_idle(self) -> int:
-        """Park the sessions idle for ``park_after_idle_s`` (when set); returns how many."""
-        if not self.config.park_after_idle_s:
-            return 0
-        return self.sessions.residency.park_idle(self.config.park_after_idle_s)
 
     # ----- turns ----------------------------------------------------------------------------
 
@@ -156,6 +120,10 @@ class Engine:
         Validates everything up front; raises a typed ``ReplicaError``."""
         sampling = sampling or SamplingParams()
         slot = self.sessions.get(session_id)
+        if slot.moving:
+            raise SessionMovingError(
+                f"session {session_id} is moving to another replica; ask the router where"
+            )
         if self.scheduler.find(session_id)[0] is not None:
             raise TurnRunningError(
                 f"session {session_id} already has a turn running; wait for "
@@ -189,6 +157,7 @@ class Engine:
             self.scheduler.waiting.remove(req)
             slot = self.sessions.get(session_id)
             slot.pending_ids = (*slot.pending_ids, *req.input_ids)  # fits: checked at submit
+            self.checkpoint_changed([slot])
             self.turns.report_end(req, FinishReason.INTERRUPTED, slot)
         return True
 
@@ -239,10 +208,12 @@ class Engine:
     # ----- accounting -----------------------------------------------------------------------
 
     def snapshot(self) -> PoolSnapshot:
+        checkpoint_pool, checkpoints = self.checkpoint_accounting()
+        pools = count_pools(self.pool, self.sessions, self.scheduler.running)
         return PoolSnapshot(
             replica_id=self.replica_id,
             incarnation=self.incarnation,
-            pools=count_pools(self.pool, self.sessions, self.scheduler.running),
+            pools=pools if checkpoint_pool is None else (*pools, checkpoint_pool),
             open_sessions=len(self.sessions),
             running_requests=len(self.scheduler.running),
             waiting_requests=len(self.scheduler.waiting),
@@ -252,6 +223,7 @@ class Engine:
             sessions_opened_total=self.sessions.opened_total,
             sessions_released_total=dict(self.sessions.released_total),
             parking=self.sessions.residency.stats(),
+            checkpoints=checkpoints,
         )
 
     def check_invariant(self) -> PoolSnapshot:
@@ -260,7 +232,3 @@ class Engine:
         self.checker.check(snap)
         self.pool.check_integrity()
         return snap
-
-    def close_all(self, reason: ReleaseReason = ReleaseReason.CLOSED) -> None:
-        for session_id in list(self.sessions.sessions):
-            self.close_session(session_id, reason)

@@ -12,7 +12,9 @@ The bytes cross memory once, as in a plain copy, never through a batch-sized tem
   layer of a chunk of slots at once, into one reusable staging buffer (``index_select(out=...)``)
   and scattered from there (``index_copy_``); on the CPU the chunk stays in cache between the
   two, on CUDA the staging buffer is pinned and is where a chunk crosses PCIe (the device side
-  gathers or scatters a device chunk).
+  gathers or scatters a device chunk);
+- when one side's slots are one run (a dense record of exported sessions), that side needs no
+  staging: the other side's slots are gathered straight into it, or scattered straight from it.
 The Python loops run over chunks of at least ``direct_bytes`` or a staging buffer's worth, never
 over small rows. Copies are synchronous: a returned copy is complete.
 """
@@ -43,6 +45,16 @@ def contiguous_runs(src: torch.Tensor, dst: torch.Tensor) -> list[tuple[int, int
     return list(zip(firsts_src, firsts_dst, lengths))
 
 
+def _one_run(slots: torch.Tensor) -> bool:
+    """Whether ``slots`` count up by one from their first."""
+    n = slots.numel()
+    return (
+        n > 0
+        and int(slots[-1]) - int(slots[0]) == n - 1
+        and bool((slots[1:] - slots[:-1] == 1).all())
+    )
+
+
 class StateTensors(NamedTuple):
     """A tier's state tensors: ``conv``/``ssm`` ``[layers, slots, *state]``, ``k``/``v``
     ``[layers, pages, page_size, heads, head_dim]`` (views of the pools' tensors)."""
@@ -59,6 +71,11 @@ class StateTensors(NamedTuple):
 
         return cls(mamba.conv_all, mamba.ssm_all, paged(kv.k_all), paged(kv.v_all))
 
+    @classmethod
+    def by_token(cls, mamba: MambaPool, kv: KVTokenPool) -> StateTensors:
+        """The pools' tensors with K/V addressed by token slot (``[layers, tokens, ...]``)."""
+        return cls(mamba.conv_all, mamba.ssm_all, kv.k_all, kv.v_all)
+
     def transient(self, slots: int, pages: int) -> StateTensors:
         """Empty CPU tensors shaped like these, for ``slots`` mamba slots and ``pages`` pages."""
         return StateTensors(
@@ -70,7 +87,8 @@ class StateTensors(NamedTuple):
 
 
 class Places(NamedTuple):
-    """Where a batch of sessions' state lies in one tier: mamba slots, KV pages (in order)."""
+    """Where a batch of sessions' state lies in one tier: mamba slots, KV pages (in order; KV
+    token slots for ``StateTensors.by_token``)."""
 
     mamba: torch.Tensor
     pages: torch.Tensor
@@ -116,9 +134,31 @@ class StateCopier:
             for layer in range(src.shape[0]):
                 for s, d, n in runs:
                     dst[layer, d : d + n].copy_(src[layer, s : s + n])
-        else:
+        elif not self._copy_one_run(src, src_slots, dst, dst_slots):
             self._copy_staged(src, src_slots, dst, dst_slots)
         return src.shape[0] * len(src_slots) * slot_bytes
+
+    @staticmethod
+    def _copy_one_run(
+        src: torch.Tensor, src_slots: torch.Tensor, dst: torch.Tensor, dst_slots: torch.Tensor
+    ) -> bool:
+        """Gather straight into ``dst`` when ``dst_slots`` is one run on ``src``'s device, or
+        scatter straight from ``src`` when ``src_slots`` is one run; False when neither is."""
+        layers, width = src.shape[0], math.prod(src.shape[2:])
+        if src.device == dst.device and _one_run(dst_slots):
+            first = int(dst_slots[0])
+            out = dst.view(layers, dst.shape[1], width)[:, first : first + dst_slots.numel()]
+            idx = src_slots.to(src.device)
+            torch.index_select(src.view(layers, src.shape[1], width), 1, idx, out=out)
+            return True
+        if _one_run(src_slots):
+            first = int(src_slots[0])
+            part = src.view(layers, src.shape[1], width)[:, first : first + src_slots.numel()]
+            dst.view(layers, dst.shape[1], width).index_copy_(
+                1, dst_slots.to(dst.device), part.to(dst.device)
+            )
+            return True
+        return False
 
     def _copy_staged(
         self, src: torch.Tensor, src_slots: torch.Tensor, dst: torch.Tensor, dst_slots: torch.Tensor

@@ -72,6 +72,27 @@ class Residency:
             "--max-parked-sessions"
         )
 
+    def place_imported(self, committed_len: int) -> tuple[SeqSlots | None, HostSlots | None]:
+        """Slots for a session imported with ``committed_len`` KV positions: GPU slots with
+        those positions' KV pages when the GPU has room (parking idle sessions to make it if need
+        be), else host slots (it arrives parked). Nothing is zeroed: the import writes it all.
+        Raises ``PoolExhaustedError`` when neither has room."""
+        tokens = self.kv.held_tokens(committed_len)
+        fits = self.pool.can_alloc(1) and tokens <= self.kv.free_tokens
+        if fits or self._make_gpu_room(1, tokens, keep=()):
+            seq = self.pool.alloc_seqs(1, zeroed=False)[0]
+            self.kv.extend(self.pool.req_to_token, seq.req_pool_idx, 0, committed_len)
+            return seq, None
+        if self.parker is not None:
+            pages = self.parker.host.pages_for(committed_len)
+            if self.parker.host.can_hold(1, pages):
+                return None, self.parker.host.alloc([pages])[0]
+        raise PoolExhaustedError(
+            f"no room for a session of {committed_len} tokens: {self.pool.num_free} req rows, "
+            f"{self.pool.mamba_pool.num_free} mamba slots and {self.kv.free_tokens} KV token "
+            "slots free" + ("" if self.parker is None else ", and the host tier is full")
+        )
+
     def opened(self, slot: SessionSlot) -> None:
         if slot.parked:
             self.parked[slot.session_id] = slot

@@ -6,6 +6,9 @@ Ownership of a session's slots moves in one cycle:
 With parking (``Residency``), an idle session's state may instead live in host slots
 (``SessionSlot.host``, ``location`` HOST) until its next turn restores it to GPU slots.
 
+A session that moves to another replica is marked ``moving`` from its export until the move is
+finished: it takes no new turn meanwhile, and ``adopt`` is how an imported session joins.
+
 ``release_session`` frees everything: KV pages, the req row AND the mamba slots (state plus track
 buffer), or a parked session's host slots. It is idempotent. Called while a turn runs, it is
 deferred: the session takes no new turn, and its slots are freed when the turn ends (the engine
@@ -17,15 +20,14 @@ turn had folded in.
 
 from __future__ import annotations
 
-import enum
 import time
 from collections import Counter
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
 
 from replica.api import (
     InvalidRequestError,
     ReleaseReason,
+    SessionMeta,
     SessionNotFoundError,
     TurnRunningError,
 )
@@ -35,50 +37,9 @@ from replica.pools.hybrid_pool import HybridReqToTokenPool, SeqSlots
 from replica.sessions.parking import Parker
 from replica.sessions.request import Req
 from replica.sessions.residency import Residency
+from replica.sessions.slot import SessionSlot, StateLocation
 
-
-class StateLocation(str, enum.Enum):
-    """Where a session's state lives between turns."""
-
-    GPU = "gpu"  # resident: ``SessionSlot.seq`` (req row, mamba slots, KV pages of its row)
-    HOST = "host"  # parked: ``SessionSlot.host`` (host_mamba slot, host KV pages)
-
-
-@dataclass(slots=True, eq=False)
-class SessionSlot:
-    """The replica's one record of a session: the slots it holds between turns (``turn`` is the
-    running turn that owns them now), who it belongs to and where its events go. Exactly one of
-    ``seq`` (resident) and ``host`` (parked) is set; a running turn's session is resident."""
-
-    session_id: str
-    seq: SeqSlots | None
-    idle_timeout_s: float
-    last_active: float
-    tenant: str = ""  # the owner; kept so a restarted router can rebuild its table
-    gateway_id: str = ""  # the gateway whose stream gets this session's turn events
-    committed_len: int = 0  # tokens folded into the state; KV positions 0..committed_len-1
-    pending_ids: tuple[int, ...] = ()  # produced tokens not yet folded (fed first next turn)
-    turn: Req | None = None
-    close_reason: ReleaseReason | None = None  # set when a close waits for the turn to end
-    host: HostSlots | None = None  # while parked: its state in the host tier
-
-    @property
-    def committed_tokens(self) -> int:
-        return self.committed_len + len(self.pending_ids)
-
-    @property
-    def parked(self) -> bool:
-        return self.host is not None
-
-    @property
-    def location(self) -> StateLocation:
-        return StateLocation.HOST if self.parked else StateLocation.GPU
-
-    @property
-    def req_pool_idx(self) -> int:
-        if self.seq is None:
-            raise RuntimeError(f"session {self.session_id} is parked: it holds no req row")
-        return self.seq.req_pool_idx
+__all__ = ["SessionSlot", "StateLocation", "StreamingSession"]
 
 
 class StreamingSession:
@@ -99,6 +60,9 @@ class StreamingSession:
         self.sessions: dict[str, SessionSlot] = {}
         self.opened_total = 0
         self.released_total: Counter[str] = Counter()
+        # told of every change of a session's state and every release (checkpoints)
+        self.on_changed: Callable[[list[SessionSlot]], None] = lambda slots: None
+        self.on_released: Callable[[str], None] = lambda session_id: None
 
     def __len__(self) -> int:
         return len(self.sessions)
@@ -123,6 +87,25 @@ class StreamingSession:
         self.sessions[session_id] = slot
         self.residency.opened(slot)
         self.opened_total += 1
+        self.on_changed([slot])
+        return slot
+
+    def adopt(self, meta: SessionMeta, seq: SeqSlots | None, host: HostSlots | None) -> SessionSlot:
+        """Join a session imported from another replica into the slots ``seq`` or ``host``
+        (``Residency.place_imported``), which hold its state already."""
+        slot = SessionSlot(
+            meta.session_id,
+            seq,
+            meta.idle_timeout_s,
+            self.clock(),
+            meta.tenant,
+            committed_len=meta.committed_len,
+            pending_ids=tuple(meta.pending_ids),
+            host=host,
+        )
+        self.sessions[meta.session_id] = slot
+        self.residency.opened(slot)
+        self.on_changed([slot])
         return slot
 
     def get(self, session_id: str) -> SessionSlot:
@@ -183,6 +166,7 @@ class StreamingSession:
             self._free_slot(slot, slot.close_reason)
         else:
             self.residency.turn_ended(slot)
+            self.on_changed([slot])
         return slot
 
     def release_session(
@@ -209,18 +193,20 @@ class StreamingSession:
             self.pool.free_rows(slot.req_pool_idx)
             self._free_slot_mamba(slot)
         self.released_total[reason.value] += 1
+        self.on_released(slot.session_id)
 
     def _free_slot_mamba(self, slot: SessionSlot) -> None:
         if "leak_mamba_on_release" not in self.failpoints:
             self.pool.free_mamba(slot.seq)
 
     def idle_expired(self, now: float | None = None) -> list[str]:
-        """Sessions with no turn running, idle for longer than their timeout."""
+        """Sessions with no turn running, idle for longer than their timeout (except those
+        moving: the move ends them or gives them back)."""
         now = self.clock() if now is None else now
         return [
             s.session_id
             for s in self.sessions.values()
-            if s.turn is None and now - s.last_active > s.idle_timeout_s
+            if s.turn is None and not s.moving and now - s.last_active > s.idle_timeout_s
         ]
 
     def _idle(self, active: Collection[int]) -> list[SessionSlot]:

@@ -29,6 +29,11 @@ class StreamLeases:
         until = self._until.get(session_id)
         return until is not None and until > self.clock()
 
+    def remaining(self, session_ids: Iterable[str]) -> dict[str, float]:
+        """Seconds left of each held session's lease (a session that moves takes it along)."""
+        now = self.clock()
+        return {s: self._until[s] - now for s in session_ids if self.held(s)}
+
     def prune(self, open_ids: Collection[str]) -> None:
         """Forget lapsed leases and those of sessions no longer open."""
         now = self.clock()

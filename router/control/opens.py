@@ -59,6 +59,14 @@ class Opener:
         async with self._room:
             self._room.notify_all()
 
+    async def wait_for_room(self, timeout_s: float) -> None:
+        """Wait until room may have appeared, or ``timeout_s`` has passed."""
+        try:
+            async with self._room:
+                await asyncio.wait_for(self._room.wait(), timeout=timeout_s)
+        except asyncio.TimeoutError:
+            pass
+
     async def open(
         self,
         session_id: str,

@@ -6,7 +6,9 @@ It owns the session table (session_id -> replica, tenant, last_active) and the r
 room, and leaves no session behind for a caller that has gone (``router.control.opens``). It
 detects dead replicas (failed calls, a replica's report that its engine died, stale snapshots and
 failed pings: ``router.control.health``). A session's state lives only on its replica: the
-router never routes a session elsewhere; a session whose replica died is answered ABORTED.
+router routes a session elsewhere only when its state moves too (``router.control.migration``:
+drain with migration, MigrateSession); a route asked for while its session moves waits for the
+move. A session whose replica died is answered ABORTED.
 After its own restart the router rebuilds its table from the replicas, which re-register with
 the sessions they hold when their next snapshot report is not recognised.
 """
@@ -14,7 +16,6 @@ the sessions they hold when their next snapshot report is not recognised.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import secrets
 import time
@@ -32,7 +33,11 @@ from replica.api import (
     replica_lost_message,
 )
 from router.config import RouterConfig
+from router.control.admin_calls import AdminCalls
+from router.control.drain import Drainer
+from router.control.failover import Failover, FailoverOutcome
 from router.control.health import HealthWatch
+from router.control.migration import Migrator
 from router.control.opens import Opener
 from router.control.table import ReplicaEntry, Route, SessionState, SessionTable
 from router.control.views import ReplicaHealth, ReplicaView
@@ -42,20 +47,36 @@ log = logging.getLogger(__name__)
 ROUTER_NAME = "session-router"
 
 
-class SessionRouter:
+class SessionRouter(AdminCalls):
     def __init__(self, config: RouterConfig | None = None) -> None:
         config = config or RouterConfig()
         self.replicas: dict[str, ReplicaEntry] = {}
         self.sessions = SessionTable()
         self.opener = Opener(
-            self.replicas, self.sessions, self._view, self.replica_failed, config.open_timeout_s
+            self.replicas, self.sessions, self._view, self._declare_dead, config.open_timeout_s
         )
         self.health = HealthWatch(
             self.replicas,
-            self.replica_failed,
+            self._declare_dead,
             config.stale_after_s,
             config.health_interval_s,
             config.dead_replica_retention_s,
+        )
+        self.migrator = Migrator(self.replicas, self.sessions, self._view, self._declare_dead)
+        self.failover = Failover(
+            self.replicas,
+            self.sessions,
+            self.migrator,
+            self.opener.wait_for_room,
+            self._declare_dead,
+            config.open_timeout_s,
+        )
+        self.drainer = Drainer(
+            self.replicas,
+            self.migrator,
+            self._view,
+            self.opener.wait_for_room,
+            config.drain_timeout_s,
         )
         self._fenced: LRUCache[str, bool] = LRUCache(10_000)  # incarnations declared dead
         self._health_task: asyncio.Task | None = None
@@ -73,8 +94,10 @@ class SessionRouter:
         desc: ReplicaDescription,
         tenants: dict[str, str] | None = None,
         snapshot: PoolSnapshot | None = None,
+        checkpoints: Any = None,
     ) -> None:
-        """Add or refresh a replica, adopting the sessions it says it holds (id -> tenant).
+        """Add or refresh a replica, adopting the sessions it says it holds (id -> tenant);
+        ``checkpoints`` is its checkpoint store, when it has one.
 
         A replica declared dead stays dead (the serve process kills and replaces it): if it
         turns out to be alive, its sessions, whose clients were told ABORTED, are released."""
@@ -93,6 +116,7 @@ class SessionRouter:
         if entry is None or entry.desc.incarnation != desc.incarnation:
             entry = self.replicas[replica_id] = ReplicaEntry(handle, desc)
         entry.handle, entry.health = handle, ReplicaHealth.HEALTHY
+        entry.checkpoints = checkpoints or entry.checkpoints
         if snapshot is not None:
             entry.take(snapshot)
         for sid, tenant in tenants.items():
@@ -110,43 +134,32 @@ class SessionRouter:
         if entry.health == ReplicaHealth.DEAD:
             return False
         for sid in released:
-            self.sessions.forget(sid)
+            self.sessions.forget(sid, snapshot.replica_id)
         await self.opener.notify_room()
         return True
 
-    async def replica_failed(self, replica_id: str, why: str) -> None:
-        """Mark a replica dead: its sessions are answered ABORTED from now on."""
-        entry = self.replicas.get(replica_id)
-        if entry is None or entry.health == ReplicaHealth.DEAD:
-            return
-        entry.health, entry.died_at = ReplicaHealth.DEAD, time.monotonic()
-        self._fenced[entry.desc.incarnation] = True
-        lost = self.sessions.abort_replica(replica_id)
-        entry.lost += lost
-        log.error("replica %s is dead (%s); %d sessions lost", replica_id, why, lost)
-
-    async def drain(self, replica_id: str, draining: bool = True) -> ReplicaView | ActorError:
-        """Drain a replica (it keeps its sessions, takes no new ones), or resume it."""
+    async def replica_failed(self, replica_id: str, why: str, wait: bool = True) -> FailoverOutcome:
+        """Mark a replica dead (once) and restore its sessions elsewhere from their checkpoints
+        (``router.control.failover``); with ``wait``, answers what became of them."""
         entry = self.replicas.get(replica_id)
         if entry is None:
-            return ActorError(
-                StatusCode.NOT_FOUND, f"no replica {clip_id(replica_id)!r}; see ListReplicas"
-            )
-        if entry.health == ReplicaHealth.DEAD and not draining:
-            return ActorError(
-                StatusCode.FAILED_PRECONDITION,
-                f"replica {replica_id} is dead and cannot be resumed; a replacement takes its "
-                "place (see ListReplicas)",
-            )
+            return FailoverOutcome()
         if entry.health != ReplicaHealth.DEAD:
-            snapshot = await entry.handle.drain.remote(draining)
-            entry.health = ReplicaHealth.DRAINING if draining else ReplicaHealth.HEALTHY
-            if isinstance(snapshot, PoolSnapshot):  # placement must not wait for the next report
-                entry.take(snapshot)
-        return self._view(replica_id)
+            entry.health, entry.died_at = ReplicaHealth.DEAD, time.monotonic()
+            self._fenced[entry.desc.incarnation] = True
+            log.error("replica %s is dead (%s)", replica_id, why)
+            self.failover.start(replica_id)
+        return await self.failover.outcome(replica_id) if wait else FailoverOutcome()
+
+    async def _declare_dead(self, replica_id: str, why: str) -> None:
+        await self.replica_failed(replica_id, why, wait=False)
 
     def _view(self, replica_id: str) -> ReplicaView:
-        return self.replicas[replica_id].view(replica_id, self.sessions.pinned_to(replica_id))
+        pinned, moving = (
+            self.sessions.pinned_to(replica_id),
+            self.migrator.claims.moving[replica_id],
+        )
+        return self.replicas[replica_id].view(replica_id, pinned, moving)
 
     async def views(self) -> list[ReplicaView]:
         return [self._view(rid) for rid in sorted(self.replicas)]
@@ -173,11 +186,7 @@ class SessionRouter:
         self._start()
         session_id = session_id or secrets.token_hex(16)
         if session_id not in self.opener.running and session_id in self.sessions:
-            route = await self.route(session_id, tenant)
-            if isinstance(route, ActorError):
-                return route
-            info = await route.handle.get_session.remote(session_id)
-            return info if isinstance(info, ActorError) else dataclasses.replace(route, info=info)
+            return await self._with_info(await self.route(session_id, tenant))
         return await self.opener.open(
             session_id, idle_timeout_s, tenant, gateway_id, wait_s, lease_s
         )
@@ -187,15 +196,20 @@ class SessionRouter:
         open must leave no session behind, whether it waits, runs or has already landed."""
         await self.opener.abandon(session_id)
 
-    async def route(self, session_id: str, tenant: str = "") -> Route | ActorError:
+    async def route(self, session_id: str, tenant: str | None = "") -> Route | ActorError:
+        """Where the session lives (waiting while it moves), for ``tenant`` (None: an admin,
+        who may route any tenant's session)."""
         session = self.sessions.get(session_id)
+        while session is not None and session.moving is not None and not session.moving.done():
+            await asyncio.shield(session.moving)
+            session = self.sessions.get(session_id)
         if session is None:
             return ActorError(
                 StatusCode.NOT_FOUND, f"session {clip_id(session_id)} is not open; open a new one"
             )
         if session.state == SessionState.ABORTED:
             return ActorError(StatusCode.ABORTED, replica_lost_message(session_id))
-        if session.tenant and session.tenant != tenant:
+        if tenant is not None and session.tenant and session.tenant != tenant:
             return ActorError(
                 StatusCode.PERMISSION_DENIED,
                 f"session {clip_id(session_id)} belongs to another tenant",
@@ -203,14 +217,20 @@ class SessionRouter:
         entry = self.replicas[session.replica_id]
         return Route(session_id, session.replica_id, entry.handle, tenant=session.tenant)
 
-    async def forget(self, session_ids: list[str], snapshot: PoolSnapshot | None = None) -> None:
-        """Gateways release sessions on their replica directly (close, stream end), then report
-        them here with the replica's snapshot after the release, so the table and the room for
-        new sessions follow at once."""
+    async def forget(
+        self,
+        session_ids: list[str],
+        snapshot: PoolSnapshot | None = None,
+        replica_id: str | None = None,
+    ) -> None:
+        """Gateways release sessions on their replica (``replica_id``) directly (close, stream
+        end), then report them here with the replica's snapshot after the release, so the table
+        and the room for new sessions follow at once. A session pinned to another replica by
+        now (it moved) is not forgotten."""
         if snapshot is not None and snapshot.replica_id in self.replicas:
             self.replicas[snapshot.replica_id].take(snapshot)
         for sid in session_ids:
-            self.sessions.forget(sid)
+            self.sessions.forget(sid, replica_id)
         await self.opener.notify_room()
 
     async def session_count(self) -> int:

@@ -4,14 +4,18 @@ gateways see only ``Route`` and ``ReplicaView``.
 
 A session is either pinned to a replica (``SessionState.OPEN``) or remembered for a while as lost
 with its replica (``SessionState.ABORTED``, so late callers learn ABORTED rather than NOT_FOUND).
+While it moves to another replica (migration, failover) its entry's ``moving`` future is set:
+routes wait for it, then read the table again (the move re-pinned it, or left it where it was).
 The table keeps its per-replica index in step with the entries itself: callers only pin, forget
 and abort.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +38,7 @@ class SessionEntry:
     replica_id: str
     tenant: str
     state: SessionState = SessionState.OPEN
+    moving: asyncio.Future | None = None  # set while the session moves; done when it has
 
 
 class SessionTable:
@@ -62,25 +67,35 @@ class SessionTable:
         self._aborted.pop(session_id, None)
         return entry
 
-    def forget(self, session_id: str) -> bool:
-        """Drop an open session (closed or released); returns whether it was open."""
-        entry = self._open.pop(session_id, None)
-        if entry is None:
+    def forget(self, session_id: str, replica_id: str | None = None) -> bool:
+        """Drop an open session (closed or released) -- only if it is pinned to ``replica_id``
+        when given (a replica reporting a release speaks for itself, not for the replica a
+        session has moved to); returns whether it was dropped."""
+        entry = self._open.get(session_id)
+        if entry is None or (replica_id is not None and entry.replica_id != replica_id):
             return False
+        del self._open[session_id]
         self._by_replica[entry.replica_id].discard(session_id)
         return True
 
     def pinned_to(self, replica_id: str) -> int:
         return len(self._by_replica.get(replica_id, ()))
 
-    def abort_replica(self, replica_id: str) -> int:
-        """Every session of a dead replica becomes a tombstone; returns how many."""
-        lost = self._by_replica.pop(replica_id, set())
-        for session_id in lost:
-            entry = self._open.pop(session_id)
+    def sessions_of(self, replica_id: str) -> list[str]:
+        return sorted(self._by_replica.get(replica_id, ()))
+
+    def abort(self, session_ids: list[str]) -> int:
+        """These sessions' state is gone with their replica: each becomes a tombstone."""
+        lost = 0
+        for session_id in session_ids:
+            entry = self._open.pop(session_id, None)
+            if entry is None:
+                continue
+            self._by_replica[entry.replica_id].discard(session_id)
             entry.state = SessionState.ABORTED
             self._aborted[session_id] = entry
-        return len(lost)
+            lost += 1
+        return lost
 
 
 @dataclass(slots=True, eq=False)
@@ -93,6 +108,9 @@ class ReplicaEntry:
     reserved: int = 0  # opens in flight, which no snapshot counts yet
     lost: int = 0  # sessions lost when the replica died
     died_at: float | None = None  # time.monotonic() when it was declared dead
+    checkpoints: Any = None  # the handle of its checkpoint store, when it checkpoints
+    failover: asyncio.Task | None = None  # restores its sessions once it is dead
+    migrated: Counter[str] = field(default_factory=Counter)  # sessions moved away, by reason
 
     def take(self, snapshot: PoolSnapshot) -> None:
         """Keep ``snapshot`` when it is newer than the one held (periodic reports and the
@@ -102,7 +120,7 @@ class ReplicaEntry:
             self.snapshot = snapshot
             self.reported_at = time.monotonic()
 
-    def view(self, replica_id: str, pinned: int) -> ReplicaView:
+    def view(self, replica_id: str, pinned: int, moving: int = 0) -> ReplicaView:
         """What the router hands out about this replica (placement, metrics, ListReplicas)."""
         age = time.monotonic() - self.reported_at if self.snapshot else 0.0
         return ReplicaView(
@@ -115,6 +133,8 @@ class ReplicaEntry:
             self.desc.mamba_slots_per_session,
             self.desc.kv_tokens_per_session,
             self.lost,
+            dict(self.migrated),
+            moving,
         )
 
 

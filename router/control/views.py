@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from replica.api import PoolSnapshot
 
@@ -28,6 +28,8 @@ class ReplicaView:
     mamba_slots_per_session: int  # 1 + mamba track buffers
     kv_tokens_per_session: int  # KV budget a new session is expected to need (placement)
     sessions_lost: int = 0  # sessions the router released because this replica died
+    sessions_migrated: dict[str, int] = field(default_factory=dict)  # moved away, by reason
+    sessions_moving: int = 0  # sessions moving away from it now (migration, failover)
 
     def _free(self, pool: str) -> int:
         """Free slots of ``pool`` in the latest snapshot; 0 without one or without that pool."""

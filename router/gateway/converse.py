@@ -32,7 +32,8 @@ from router.gateway.converse_inputs import (
     ClientInterrupt,
     PendingInputs,
 )
-from router.gateway.convert import Refused, session_to_proto
+from router.gateway.convert import Refused, check, session_to_proto
+from router.gateway.delivery import ReplicaLost
 from router.gateway.gateway import Gateway
 from router.gateway.stream_leases import LEASE_S
 
@@ -74,7 +75,10 @@ class Conversation:
             match await inbox.get():
                 case ClientReady():
                     for message in pending.take():
-                        half_closed = await self._act(route, message) or half_closed
+                        half_closed = await self._act(message) or half_closed
+                case ReplicaLost() as lost if lost.replica_id == inbox.replica_id:
+                    for chunk in await self._replica_lost(lost):
+                        yield pb.ConverseResponse(chunk=chunk)
                 case TurnEvent() as event if event.turn_id in self.live or event.turn_id == -1:
                     if event.finished:
                         self.live.discard(event.turn_id)
@@ -83,7 +87,7 @@ class Conversation:
                     )
                     self.first_token = self.first_token and not event.token_ids
 
-    async def _act(self, route: Route, message) -> bool:
+    async def _act(self, message) -> bool:
         """Act on one of the client's messages, in order; True when it is the half-close."""
         match message:
             case ClientHalfClosed():
@@ -91,12 +95,41 @@ class Conversation:
             case ClientFailed(error=error):
                 raise error
         if self.live:  # an interrupt, or an input that barges in
-            interrupt = route.handle.interrupt.remote(route.session_id)
-            await self.gw.on_replica(route, "interrupt", interrupt)
+            route, _ = await self.gw.on_session(
+                self.route, "interrupt", lambda r: r.handle.interrupt.remote(r.session_id)
+            )
+            self._moved(route)
         if isinstance(message, ClientInput):
-            self.live.add(await self.gw.submit(route, message.request))
+            route, turn_id = await self.gw.submit(self.route, message.request)
+            self._moved(route)
+            self.live.add(turn_id)
             self.started, self.first_token = time.perf_counter(), True
         return False
+
+    def _moved(self, route: Route) -> None:
+        """The session answered from ``route``: it may have moved there."""
+        if route.replica_id != self.route.replica_id:
+            self.route = route
+            self.gw.leases.hold(route)
+            self.gw.delivery.move(self.inbox, route)
+
+    async def _replica_lost(self, lost: ReplicaLost) -> list[pb.GenerateChunk]:
+        """The session's replica died. Its state gone: the stream ends ABORTED. Restored
+        elsewhere from its checkpoint: the stream goes on there, and each turn in flight ends
+        INTERRUPTED at the checkpoint's committed tokens (what the client says next continues
+        from there)."""
+        if lost.committed_tokens is None:
+            event = lost.event(self.route.session_id)
+            raise Refused(event.error_code, event.error)
+        self._moved(check(await self.gw.relocate(self.route)))
+        ended = [
+            pb.GenerateChunk(
+                finish_reason=pb.FINISH_REASON_INTERRUPTED, committed_tokens=lost.committed_tokens
+            )
+            for _ in self.live
+        ]
+        self.live.clear()
+        return ended
 
     async def _read(self, pending: PendingInputs) -> None:
         """Hand the client's requests to ``pending``, in order; waits while it is full."""

@@ -4,8 +4,10 @@ Token delivery costs no Ray round trip per token: for each replica the gateway k
 long-lived ``stream_outputs`` call whose items carry everything an engine step produced for this
 gateway's sessions; the pump hands each event to the inbox of its session, if a call of this
 gateway streams that session now. When a replica's stream breaks, ``on_lost(replica_id, why)`` is
-called; ``abort_replica`` then ends every waiting call of that replica's sessions with ABORTED, so
-no client hangs on a turn that will never end.
+called; ``end_replica`` then ends every waiting call of that replica's sessions, so no client
+hangs on a turn that will never end: with UNAVAILABLE where the session was restored elsewhere
+from its checkpoint (retry the turn), with ABORTED where its state is gone. A call whose session
+moved (``move``) waits on its new replica; news of the old one's death no longer concerns it.
 """
 
 from __future__ import annotations
@@ -16,10 +18,33 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from replica.api import StatusCode, TurnEvent, replica_lost_message
+from replica.api import StatusCode, TurnEvent, replica_lost_message, session_restored_message
 from router.control.table import Route
 
 log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReplicaLost:
+    """An inbox item: the replica the inbox's session was on died; ``committed_tokens`` is
+    where the session continues (restored elsewhere from its checkpoint), None when its state
+    is gone."""
+
+    replica_id: str
+    committed_tokens: int | None
+
+    def event(self, session_id: str) -> TurnEvent:
+        if self.committed_tokens is None:
+            error = replica_lost_message(session_id)
+            return TurnEvent(session_id, -1, error_code=StatusCode.ABORTED, error=error)
+        error = session_restored_message(session_id, self.committed_tokens)
+        return TurnEvent(
+            session_id,
+            -1,
+            committed_tokens=self.committed_tokens,
+            error_code=StatusCode.UNAVAILABLE,
+            error=error,
+        )
 
 
 @dataclasses.dataclass(eq=False)
@@ -44,6 +69,10 @@ async def next_turn_event(inbox: Inbox, turn_id: int) -> TurnEvent:
     queue = inbox.queue
     while event is None or (not event.finished and not queue.empty()):
         item = await queue.get()  # does not wait once ``event`` is set: the queue is not empty
+        if isinstance(item, ReplicaLost):
+            if item.replica_id != inbox.replica_id:
+                continue  # the session had moved off that replica
+            item = item.event(inbox.session_id)
         if item.turn_id not in (turn_id, -1):
             continue  # a stale event of an earlier turn
         if event is None or item.error_code is not None:
@@ -71,6 +100,12 @@ class Delivery:
         inbox = self._inboxes[route.session_id] = Inbox(route.session_id, route.replica_id)
         return inbox
 
+    def move(self, inbox: Inbox, route: Route) -> None:
+        """The inbox's session is on ``route``'s replica now: its events come from there."""
+        if inbox.replica_id != route.replica_id:
+            inbox.replica_id = route.replica_id
+            self.watch(route)
+
     def release(self, inbox: Inbox) -> None:
         if self._inboxes.get(inbox.session_id) is inbox:
             del self._inboxes[inbox.session_id]
@@ -95,13 +130,12 @@ class Delivery:
             log.error("output stream of replica %s broke: %s", route.replica_id, exc)
             await self.on_lost(route.replica_id, f"output stream broke: {type(exc).__name__}")
 
-    def abort_replica(self, replica_id: str) -> None:
-        """End the calls streaming sessions of a dead replica: their state is gone."""
+    def end_replica(self, replica_id: str, restored: dict[str, int]) -> None:
+        """End the calls streaming sessions of a dead replica: those ``restored`` (session id
+        -> committed tokens) were restored elsewhere from their checkpoints, the others' state
+        is gone."""
         for inbox in [i for i in self._inboxes.values() if i.replica_id == replica_id]:
-            sid = inbox.session_id
-            inbox.put(
-                TurnEvent(sid, -1, error_code=StatusCode.ABORTED, error=replica_lost_message(sid))
-            )
+            inbox.put(ReplicaLost(replica_id, restored.get(inbox.session_id)))
 
     def stop(self) -> None:
         for task in self._pumps.values():

@@ -2,8 +2,9 @@
 
 It builds what it owns: the router client, the route cache, token delivery, the cached view of
 the cluster and the background cleanups. A turn costs one actor call to submit (the route is
-cached); its events come back through ``Delivery``. Refusals are raised as ``Refused`` with the
-status code and a message that says what to do.
+cached); its events come back through ``Delivery``. Calls about a session follow it when it has
+moved (``router.gateway.follow``). Refusals are raised as ``Refused`` with the status code and a
+message that says what to do.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from replica.api import (
     ReleaseReason,
     StatusCode,
     TurnEvent,
-    replica_lost_message,
 )
 from router.control.table import Route
 from router.gateway.auth import ApiKeys, Caller, Unauthenticated
@@ -32,6 +32,7 @@ from router.gateway.background import Background
 from router.gateway.cluster_view import ClusterView
 from router.gateway.convert import Refused, check, chunk_from_event, sampling_from_proto, turn_input
 from router.gateway.delivery import Delivery
+from router.gateway.follow import Following
 from router.gateway.metrics import GatewayMetrics
 from router.gateway.route_cache import RouteCache
 from router.gateway.router_client import RouterClient
@@ -42,7 +43,7 @@ log = logging.getLogger(__name__)
 MAX_TEXT_BYTES = 1 << 20
 
 
-class Gateway:
+class Gateway(Following):
     def __init__(self, router: Any, keys: ApiKeys, metrics: GatewayMetrics) -> None:
         self.gateway_id = f"gw-{uuid.uuid4().hex[:12]}"
         self.keys = keys
@@ -52,7 +53,7 @@ class Gateway:
         self.routes = RouteCache(self.router)
         self.delivery = Delivery(self.gateway_id, on_lost=self.replica_lost)
         self.cluster = ClusterView(self.router, on_dead=self._forget_replica)
-        self.leases = LeaseRenewer()
+        self.leases = LeaseRenewer(self.relocate)
 
     def start(self) -> None:
         self.cluster.start()
@@ -124,8 +125,8 @@ class Gateway:
         self.delivery.watch(route)
         return route
 
-    async def submit(self, route: Route, request: pb.GenerateRequest) -> int:
-        """Queue a turn on the session's replica; returns its turn id."""
+    async def submit(self, route: Route, request: pb.GenerateRequest) -> tuple[Route, int]:
+        """Queue a turn where the session is; returns the route it went to and its turn id."""
         text, ids = turn_input(request)
         if text is not None and len(text.encode("utf-8", "surrogatepass")) > MAX_TEXT_BYTES:
             raise Refused(StatusCode.INVALID_ARGUMENT, f"text longer than {MAX_TEXT_BYTES} bytes")
@@ -133,23 +134,13 @@ class Gateway:
             sampling = sampling_from_proto(request.sampling)
         except InvalidRequestError as exc:
             raise Refused(StatusCode.INVALID_ARGUMENT, str(exc)) from None
-        call = route.handle.submit_turn.remote(
-            self.gateway_id, route.session_id, text, ids, sampling
+        return await self.on_session(
+            route,
+            "submit_turn",
+            lambda r: r.handle.submit_turn.remote(
+                self.gateway_id, r.session_id, text, ids, sampling
+            ),
         )
-        return await self.on_replica(route, "submit_turn", call)
-
-    async def on_replica(self, route: Route, what: str, call: Any) -> Any:
-        """The result of a call to the session's replica (``call``, an actor call named
-        ``what``). A replica that died under it makes the session ABORTED (and is reported);
-        a refusal is raised as ``Refused``."""
-        try:
-            result = await call
-        except Exception as exc:  # noqa: BLE001 - the replica died
-            await self.replica_lost(route.replica_id, f"{what} failed: {type(exc).__name__}")
-            raise Refused(StatusCode.ABORTED, replica_lost_message(route.session_id)) from None
-        if isinstance(result, ActorError) and result.code == StatusCode.NOT_FOUND:
-            self.routes.drop(route.session_id)  # released on the replica (idle timeout)
-        return check(result)
 
     def chunk(self, event: TurnEvent, started: float, first: bool) -> pb.GenerateChunk:
         if event.error_code is not None:
@@ -169,28 +160,16 @@ class Gateway:
             check(route)
         return await self.release(route, ReleaseReason.CLOSED)
 
-    async def release(self, route: Route, reason: ReleaseReason) -> bool:
-        """Release a session on its replica straight away, then tell the router (off the
-        reply's path); returns whether it was open."""
-        self.routes.drop(route.session_id)
-        try:
-            closed = await route.handle.close_sessions.remote([route.session_id], reason)
-        except Exception as exc:  # noqa: BLE001 - the replica is gone; so is the session
-            log.warning("release of %s failed: %s", route.session_id, exc)
-            closed = None
-        if isinstance(closed, ActorError):
-            closed = None
-        snapshot = closed.snapshot if closed else None
-        self.background.spawn(self.router.call("forget", [route.session_id], snapshot))
-        return bool(closed and closed.was_open[0])
-
     # ----- replicas that die ------------------------------------------------------------------
 
     async def replica_lost(self, replica_id: str, why: str) -> None:
-        """This gateway saw a replica fail: abort its sessions here and tell the router."""
-        self._forget_replica(replica_id)
-        await self.router.call("replica_failed", replica_id, why)
+        """This gateway saw a replica fail: tell the router, then end the calls of its sessions
+        here as the router's failover says (restored elsewhere, or gone)."""
+        self.routes.drop_replica(replica_id)
+        outcome = await self.router.call("replica_failed", replica_id, why)
+        restored = {} if isinstance(outcome, ActorError) else outcome.restored
+        self.delivery.end_replica(replica_id, restored)
 
     def _forget_replica(self, replica_id: str) -> None:
-        self.routes.drop_replica(replica_id)
-        self.delivery.abort_replica(replica_id)
+        """The router lists the replica dead: what this gateway knows of it goes."""
+        self.background.spawn(self.replica_lost(replica_id, "the router lists it dead"))

@@ -36,7 +36,8 @@ class GenerateCall:
                 f"session {route.session_id} already has a turn "
                 "running; wait for its last chunk or interrupt it",
             )
-        self.turn_id = await self.gw.submit(route, self.request)
+        self.route, self.turn_id = await self.gw.submit(route, self.request)
+        self.gw.delivery.move(self.inbox, self.route)
         first = True
         while not self.finished:
             event = await next_turn_event(self.inbox, self.turn_id)

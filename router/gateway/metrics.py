@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 
 from replica.api import POOL_NAMES, POOL_STATES, HistogramCounts, ReleaseReason, StatusCode
 from router.control.views import ReplicaHealth, ReplicaView
+from router.gateway.migration_metrics import migration_families
 
 RELEASE_REASONS = tuple(reason.value for reason in ReleaseReason)
 RPC_BUCKETS = (
@@ -173,6 +174,7 @@ class ClusterCollector(Collector):
                 leaked.add_metric([rid, name], stats.leaked)
         yield from (slots, capacity, leaked, sessions, pinned, opened, released, up, draining, age)
         yield from (parked, parks, restores, restore_seconds)
+        yield from migration_families(views)
 
 
 def histogram_buckets(counts: HistogramCounts) -> tuple[list[tuple[str, float]], float]:

@@ -68,8 +68,9 @@ class SessionService(pb_grpc.SessionServiceServicer):
     async def GetSession(self, request, context):
         async def body():
             route = await self.gw.route(request.session_id, self.gw.tenant(context))
-            call = route.handle.get_session.remote(route.session_id)
-            info = await self.gw.on_replica(route, "get_session", call)
+            route, info = await self.gw.on_session(
+                route, "get_session", lambda r: r.handle.get_session.remote(r.session_id)
+            )
             return session_to_proto(route.session_id, route.replica_id, info)
 
         return await run_rpc(self.gw, "GetSession", context, body)
@@ -142,23 +143,28 @@ class AdminService(pb_grpc.AdminServiceServicer):
         return await run_rpc(self.gw, "ListReplicas", context, body)
 
     async def DrainReplica(self, request, context):
+        """With ``migrate``, answers once the replica holds no session, or before the call's
+        deadline (else ``--drain-timeout-s``) with how many are left."""
+
         async def body():
             self.gw.admin(context)
-            if request.migrate:
-                raise Refused(
-                    StatusCode.UNIMPLEMENTED,
-                    "draining with migrate=true is not available in this version; drain with "
-                    "migrate=false (the replica keeps its sessions until they end)",
+            drained = check(
+                await self.gw.router.call(
+                    "drain", request.replica_id, request.migrate, answer_within(context)
                 )
-            view = check(await self.gw.router.call("drain", request.replica_id))
-            return pb.DrainReplicaResponse(replica=replica_to_proto(view))
+            )
+            return pb.DrainReplicaResponse(
+                replica=replica_to_proto(drained.replica),
+                sessions_migrated=drained.sessions_migrated,
+                sessions_left=drained.sessions_left,
+            )
 
         return await run_rpc(self.gw, "DrainReplica", context, body)
 
     async def ResumeReplica(self, request, context):
         async def body():
             self.gw.admin(context)
-            view = check(await self.gw.router.call("drain", request.replica_id, False))
+            view = check(await self.gw.router.call("resume", request.replica_id))
             return pb.ResumeReplicaResponse(replica=replica_to_proto(view))
 
         return await run_rpc(self.gw, "ResumeReplica", context, body)
@@ -166,13 +172,30 @@ class AdminService(pb_grpc.AdminServiceServicer):
     async def MigrateSession(self, request, context):
         async def body():
             self.gw.admin(context)
-            raise Refused(
-                StatusCode.UNIMPLEMENTED,
-                "session migration is not available in this version; close the session and "
-                "open a new one where you want it",
+            if not request.session_id:
+                raise Refused(StatusCode.INVALID_ARGUMENT, "session_id is required")
+            route = check(
+                await self.gw.router.call(
+                    "migrate_session",
+                    request.session_id,
+                    request.target_replica_id,
+                    answer_within(context),
+                )
             )
+            self.gw.routes.drop(route.session_id)
+            return session_to_proto(route.session_id, route.replica_id, route.info)
 
         return await run_rpc(self.gw, "MigrateSession", context, body)
+
+
+ANSWER_MARGIN_S = 1.0  # time kept to answer before the caller's deadline
+
+
+def answer_within(context) -> float | None:
+    """How long a call may work before it must answer: its deadline less a margin (None
+    without a deadline)."""
+    left = context.time_remaining()
+    return None if left is None else max(0.0, left - ANSWER_MARGIN_S)
 
 
 def server_options(keepalive_s: float) -> list[tuple[str, int]]:

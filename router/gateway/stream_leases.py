@@ -5,7 +5,9 @@ while the stream is open, however quiet the client. The open grants the replica-
 (``lease_s``); every ``RENEW_S`` the gateway renews it for all of a replica's streamed sessions
 in one call. If this gateway dies, renewals stop and each session's own idle timeout applies
 again ``LEASE_S`` later, so a dead gateway cannot pin slots; a dead client is found by gRPC
-keepalive, which ends its stream, and the stream's end releases the session.
+keepalive, which ends its stream, and the stream's end releases the session. A session that has
+moved to another replica (it takes what is left of its lease along) is looked up again
+(``relocate``) and renewed where it is now.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 
 from router.control.table import Route
 
@@ -23,7 +26,8 @@ RENEW_S = 3.0
 
 
 class LeaseRenewer:
-    def __init__(self) -> None:
+    def __init__(self, relocate: Callable[[Route], Awaitable[Route | object]]) -> None:
+        self.relocate = relocate
         self._held: dict[str, Route] = {}  # session id -> its route, while its stream is open
         self._task: asyncio.Task | None = None
 
@@ -54,6 +58,21 @@ class LeaseRenewer:
             routes[0].handle.hold_sessions.remote([r.session_id for r in routes], LEASE_S)
             for routes in by_replica.values()
         ]
+        moved = []
         for result in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(result, Exception):  # a dead replica: its streams end on their own
                 log.info("stream lease renewal failed: %s", result)
+            elif isinstance(result, list):
+                moved += result
+        for session_id in moved:
+            await self._follow(session_id)
+
+    async def _follow(self, session_id: str) -> None:
+        """A held session its replica no longer has: renew it where it is now, if anywhere."""
+        route = self._held.get(session_id)
+        if route is None:
+            return
+        where = await self.relocate(route)
+        if isinstance(where, Route) and self._held.get(session_id) is route:
+            self._held[session_id] = where
+            await where.handle.hold_sessions.remote([session_id], LEASE_S)

@@ -1,4 +1,4 @@
-"""The ``session-router`` command: ``serve``, ``demo`` and ``top``.
+"""The ``session-router`` command: ``serve``, ``demo``, ``top``, ``drain`` and ``resume``.
 
 The ``serve`` and ``demo`` flags are generated from the settings dataclasses (``router.config``,
 ``replica.config``), so each has one default and one help text.
@@ -48,13 +48,17 @@ async def serve(config: ServeConfig) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from router.ops import demo, top
+    from router.ops import demo, drain, top
 
     parser = argparse.ArgumentParser(prog="session-router", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     add_arguments(sub.add_parser("serve", help="serve the gRPC session API"), ServeConfig)
     demo.add_arguments(sub.add_parser("demo", help="run many short sessions on a local cluster"))
     top.add_arguments(sub.add_parser("top", help="live per-replica table of the pools"))
+    drain.add_drain_arguments(
+        sub.add_parser("drain", help="drain replicas (admin), optionally moving their sessions")
+    )
+    drain.add_resume_arguments(sub.add_parser("resume", help="take a drained replica back"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -62,6 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(serve(from_arguments(ServeConfig, args)))
         if args.command == "demo":
             return asyncio.run(demo.run_demo(args))
+        if args.command == "drain":
+            return drain.run_drain(args)
+        if args.command == "resume":
+            return drain.run_resume(args)
         return top.run_top(args.metrics_url, args.interval, 1 if args.once else None)
     except ValueError as exc:
         print(f"session-router: {exc}", file=sys.stderr)

@@ -3,7 +3,9 @@
 One row per (replica, pool): held, free, in use, cached, capacity and leaked slots; a pool with
 leaked slots is marked ``<< LEAK`` and the last line sums the leaks. A replica that parks sessions
 shows its host tier (``host_mamba``, ``host_kv_tokens``) under its GPU pools, and how many of its
-sessions are parked (PARKED; ``-`` where it does not park). ``rows_from_replicas``
+sessions are parked (PARKED; ``-`` where it does not park); a replica that checkpoints sessions
+shows its ``checkpoints`` pool last. MOVING is how many sessions are moving off the replica now
+(drain, MigrateSession, failover) and MOVED how many have so far. ``rows_from_replicas``
 reads AdminService's ``ReplicaInfo`` (the demo); ``router.ops.top`` reads /metrics.
 """
 
@@ -19,7 +21,7 @@ from rich.table import Table
 from protos import session_router_pb2 as pb
 from replica.api import HOST_POOL_NAMES, POOL_NAMES
 
-COLUMNS = ("REPLICA", "STATE", "SESSIONS", "PARKED", "PINNED", "AGE", "POOL")
+COLUMNS = ("REPLICA", "STATE", "SESSIONS", "PARKED", "MOVING", "MOVED", "PINNED", "AGE", "POOL")
 NUMBERS = ("HELD", "FREE", "IN_USE", "CACHED", "CAPACITY", "LEAKED")
 STATES = {pb.REPLICA_STATE_HEALTHY: "up", pb.REPLICA_STATE_DRAINING: "draining"}
 
@@ -46,6 +48,8 @@ class ReplicaRow:
     snapshot_age_s: float | None
     pools: tuple[PoolRow, ...]
     parked: int | None = None  # None where the replica does not park sessions
+    moving: int | None = None  # sessions moving off it now
+    moved: int | None = None  # sessions moved off it so far (every reason)
 
     @property
     def leaked(self) -> int:
@@ -81,7 +85,7 @@ def rows_from_replicas(replicas: Sequence[pb.ReplicaInfo]) -> list[ReplicaRow]:
     return rows
 
 
-def render(rows: Sequence[ReplicaRow], width: int = 132) -> str:
+def render(rows: Sequence[ReplicaRow], width: int = 150) -> str:
     """The table as text (no colour codes), with a summary line."""
     table = Table(box=None, pad_edge=False, show_edge=False)
     for name in COLUMNS:
@@ -95,7 +99,16 @@ def render(rows: Sequence[ReplicaRow], width: int = 132) -> str:
 
     for row in rows:
         age = "-" if row.snapshot_age_s is None else f"{row.snapshot_age_s:.1f}s"
-        head = [row.replica, row.state, show(row.sessions), show(row.parked), show(row.pinned), age]
+        head = [
+            row.replica,
+            row.state,
+            show(row.sessions),
+            show(row.parked),
+            show(row.moving),
+            show(row.moved),
+            show(row.pinned),
+            age,
+        ]
         for index, pool in enumerate(row.pools or (None,)):
             cells = head if index == 0 else [""] * len(head)
             if pool is None:

@@ -27,6 +27,7 @@ from router.gateway.gateway import Gateway
 from router.gateway.metrics import build_registry, serve_metrics
 from router.gateway.service import start_grpc_server
 from router.gateway.tls import server_credentials
+from router.ops.checkpoint_stores import start_store
 from router.ops.scheduling import replica_resources, wait_until_up
 from router.ops.supervisor import ReplicaSupervisor
 
@@ -52,6 +53,7 @@ class Server:
         self._started_ray = False
         self.router = None
         self.replicas: dict[str, object] = {}
+        self.stores: dict[str, object] = {}  # each replica's checkpoint store
         self.starting: set[str] = set()
         self._replica_ids = itertools.count()
         self.supervisor: ReplicaSupervisor | None = None
@@ -182,16 +184,30 @@ class Server:
                 ask,
                 cfg.replica_start_timeout_s,
             )
+            if cfg.replica.session_checkpoints:
+                for replica_id in ids:
+                    self.stores[replica_id] = await start_store(
+                        replica_id,
+                        self.replicas[replica_id],
+                        descs[replica_id].node_id,
+                        cfg.namespace,
+                    )
             snaps = await asyncio.gather(*(self.replicas[r].snapshot.remote() for r in ids))
             for replica_id, snap in zip(ids, snaps):
                 await self.router.register_replica.remote(
-                    replica_id, self.replicas[replica_id], descs[replica_id], {}, snap
+                    replica_id,
+                    self.replicas[replica_id],
+                    descs[replica_id],
+                    {},
+                    snap,
+                    self.stores.get(replica_id),
                 )
         except BaseException:
             for replica_id in ids:  # none of them half-started: they would hold resources
-                handle = self.replicas.pop(replica_id, None)
-                if handle is not None:
-                    ray.kill(handle, no_restart=True)
+                for handles in (self.replicas, self.stores):
+                    handle = handles.pop(replica_id, None)
+                    if handle is not None:
+                        ray.kill(handle, no_restart=True)
             raise
         finally:
             self.starting.difference_update(ids)
@@ -215,10 +231,14 @@ class Server:
                 log.warning("replica shutdown failed: %s", exc)
         if self.metrics is not None:
             self.metrics.close()
-        for handle in [*self.replicas.values(), self.router]:
+        for handle in [*self.replicas.values(), *self.stores.values(), self.router]:
             if handle is not None:
-                ray.kill(handle, no_restart=True)
+                try:
+                    ray.kill(handle, no_restart=True)
+                except Exception as exc:  # noqa: BLE001 - a store its failover ended already
+                    log.info("kill at shutdown: %s", exc)
         self.replicas.clear()
+        self.stores.clear()
         if self._started_ray:
             ray.shutdown()
         return released

@@ -87,6 +87,8 @@ def parse_table(exposition_text: str) -> list[ReplicaRow]:
                 maxes.get(("snapshot_age_seconds", replica)),
                 pools,
                 count("sessions_parked", replica) if "host_mamba" in names else None,
+                count("sessions_moving", replica),
+                count("sessions_migrated_total", replica),
             )
         )
     return rows

@@ -39,3 +39,12 @@ def tiny_hf_bamba(n_groups: int = 1, tied: bool = False, seed: int = 0):
             if p.dim() == 1:
                 p.add_(0.1 * torch.randn_like(p))
     return model
+
+
+def saved_peer(tmp_path_factory, seed: int):
+    """``tiny_hf_bamba(seed=seed)`` and the checkpoint it saved (``save_pretrained``) in a
+    fresh temporary directory: (hf model, path)."""
+    hf = tiny_hf_bamba(seed=seed)
+    path = tmp_path_factory.mktemp(f"bamba-peer-{seed}")
+    hf.save_pretrained(str(path))
+    return hf, str(path)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from replica.api import HistogramCounts, ParkingStats, PoolSnapshot, PoolStats
+from replica.api import CheckpointStats, HistogramCounts, ParkingStats, PoolSnapshot, PoolStats
 from router.control.views import ReplicaHealth, ReplicaView
 
 
 def cluster_views() -> list[ReplicaView]:
-    """Three replicas: healthy (parking 3 sessions), draining (with 2 leaked mamba slots, no
-    parking), dead without a snapshot."""
+    """Three replicas: healthy (parking 3 sessions, checkpointing 8), draining (with 2 leaked
+    mamba slots, no parking, 2 sessions moving off it), dead without a snapshot (5 of its
+    sessions restored elsewhere from checkpoints, 6 lost)."""
     healthy = PoolSnapshot(
         "replica-a",
         "inc-1",
@@ -20,6 +21,7 @@ def cluster_views() -> list[ReplicaView]:
             PoolStats("req", 8, 3, 1, 4),
             PoolStats("host_mamba", 10, 7, 0, 3),
             PoolStats("host_kv_tokens", 640, 448, 0, 192),
+            PoolStats("checkpoints", 18, 10, 0, 8),
         ),
         open_sessions=8,
         running_requests=1,
@@ -28,6 +30,7 @@ def cluster_views() -> list[ReplicaView]:
         sessions_opened_total=15,
         sessions_released_total={"closed": 4, "stream_ended": 2, "idle_timeout": 1},
         parking=ParkingStats(3, 7, 4, HistogramCounts((0.001, 0.01, 0.1), (1, 3, 4), 4, 0.0125)),
+        checkpoints=CheckpointStats(40, 4_000_000, 800_000),
     )
     draining = PoolSnapshot(
         "replica-b",
@@ -46,12 +49,19 @@ def cluster_views() -> list[ReplicaView]:
         sessions_released_total={"closed": 3, "aborted": 1},
     )
     return [
-        ReplicaView("replica-a", "node-1", ReplicaHealth.HEALTHY, healthy, 0.25, 8, 2, 64),
-        ReplicaView("replica-b", "node-2", ReplicaHealth.DRAINING, draining, 1.5, 4, 2, 64),
         ReplicaView(
-            "replica-c", "node-3", ReplicaHealth.DEAD, None, float("inf"), 0, 2, 64, sessions_lost=6
+            "replica-a", "node-1", ReplicaHealth.HEALTHY, healthy, 0.25, 8, 2, 64,
+            sessions_migrated={"admin": 1},
         ),
-    ]
+        ReplicaView(
+            "replica-b", "node-2", ReplicaHealth.DRAINING, draining, 1.5, 4, 2, 64,
+            sessions_migrated={"drain": 3}, sessions_moving=2,
+        ),
+        ReplicaView(
+            "replica-c", "node-3", ReplicaHealth.DEAD, None, float("inf"), 0, 2, 64,
+            sessions_lost=6, sessions_migrated={"failover": 5},
+        ),
+    ]  # fmt: skip
 
 
 def parse_samples(text: str) -> dict[tuple[str, frozenset], float]:

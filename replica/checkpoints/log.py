@@ -1,0 +1,82 @@
+"""``CheckpointLog``: the engine's side of session checkpoints (``--session-checkpoints``).
+
+Whenever a session's state changes (it opens, a turn ends, a queued input is folded into its
+pending tokens, it arrives by migration) it is noted *changed*; after the engine step in which
+that happened, ``take`` exports every changed idle session's whole state (``StateTransfer``, one
+``SessionStates`` record per session, so each is stored and freed on its own) and hands the
+records, with the sessions released since, to the replica's ``CheckpointOutbox``. This is the
+only part of checkpointing on the engine thread: one copy of the changed sessions' state, right
+after the step; writing them out happens on the actor's event loop, off the token path.
+
+Nothing is exported while no checkpoint store follows the replica (``enabled`` False): a session
+changed meanwhile gets its first checkpoint at its next change.
+
+``released`` notes every release of a session that has a checkpoint, so its checkpoint is freed
+(``dropped``); the failpoint ``leak_checkpoint_on_release`` drops none, so a leaked checkpoint
+shows in the accounting (the session is counted released, the store still holds its state).
+Used on the engine thread only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from replica.api import SessionStates
+from replica.sessions.transfer import StateTransfer
+
+if TYPE_CHECKING:
+    from replica.sessions.slot import SessionSlot
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointBatch:
+    """What one engine step leaves to write: each changed session's state (``saved``), the
+    sessions whose checkpoints to free (``dropped``) and those released (``released``: the
+    same, unless a failpoint leaks)."""
+
+    saved: list[SessionStates] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.saved or self.released)
+
+
+class CheckpointLog:
+    def __init__(self, transfer: StateTransfer, leak_on_release: bool = False) -> None:
+        self.transfer = transfer
+        self.leak_on_release = leak_on_release
+        self.enabled = False  # a store follows the replica (set from the actor's event loop)
+        self._changed: dict[str, SessionSlot] = {}
+        self._checkpointed: set[str] = set()  # sessions with a checkpoint written or on its way
+        self._dropped: list[str] = []
+        self._released: list[str] = []
+
+    def changed(self, slots: Iterable[SessionSlot]) -> None:
+        for slot in slots:
+            self._changed[slot.session_id] = slot
+
+    def released(self, session_id: str) -> None:
+        self._changed.pop(session_id, None)
+        if session_id in self._checkpointed:
+            self._checkpointed.discard(session_id)
+            self._released.append(session_id)
+            if not self.leak_on_release:
+                self._dropped.append(session_id)
+
+    def take(self) -> CheckpointBatch:
+        """Export every changed idle session (one record each) and the releases since the last
+        ``take``; a session whose turn runs again waits for that turn's end."""
+        if not self.enabled:
+            self._changed.clear()
+        ready = [s for s in self._changed.values() if s.turn is None]
+        for slot in ready:
+            del self._changed[slot.session_id]
+            self._checkpointed.add(slot.session_id)
+        batch = CheckpointBatch(
+            [self.transfer.export([slot]) for slot in ready], self._dropped, self._released
+        )
+        self._dropped, self._released = [], []
+        return batch

@@ -1,0 +1,110 @@
+"""``CheckpointStore``: the Ray actor that keeps one replica's session checkpoints alive after the
+replica's death.
+
+The serve process starts one per replica, on another node than the replica's when the cluster
+has one, and tells it to ``follow`` the replica: the store then pulls the replica's checkpoints
+through one long-lived streaming call (``ReplicaActor.checkpoint_stream``). Ray makes the caller
+of a streaming call the owner of its items, so each checkpoint is an object the *store* owns:
+the replica's process can die and the object stays readable. On the replica's own node the
+store keeps the item as it is (no copy); on another node it copies it once into an object of its
+own, on its node, so that the replica's node can die too. It keeps the latest checkpoint of each
+session (an ObjectRef) until the replica says the session was released (``CheckpointDrop``), and
+acknowledges every item it has taken (``checkpoints_acked``: the replica's accounting compares
+its count with what the replica expects, and holds a turn's last event until its checkpoint is
+acknowledged).
+
+When the replica dies the stream ends; ``checkpoints`` waits for that end (every item the
+replica yielded is in) and answers the refs for the router's failover, which imports them on
+live replicas straight from the object store and then ends this store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import ray
+
+from replica.api import SessionMeta, SessionStates
+from replica.checkpoints.outbox import CheckpointDrop
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointStore:
+    def __init__(self, replica_id: str) -> None:
+        self.replica_id = replica_id
+        self.saved: dict[str, tuple[SessionMeta, int, Any]] = {}  # id -> meta, bytes, ObjectRef
+        self.items = 0
+        self.acked = 0
+        self._ended: asyncio.Event | None = None
+        self._acking: asyncio.Task | None = None
+        self._pull: asyncio.Task | None = None
+
+    async def follow(self, replica: Any, replica_node: str) -> None:
+        """Start pulling ``replica``'s checkpoints (once)."""
+        if self._pull is None:
+            here = ray.get_runtime_context().get_node_id()
+            self._ended = asyncio.Event()
+            self._pull = asyncio.get_running_loop().create_task(
+                self._follow(replica, copy_here=here != replica_node)
+            )
+
+    async def _follow(self, replica: Any, copy_here: bool) -> None:
+        me = ray.get_runtime_context().current_actor
+        try:
+            async for ref in replica.checkpoint_stream.remote(me):
+                item = await ref
+                self.items += 1
+                if isinstance(item, CheckpointDrop):
+                    for session_id in item.session_ids:
+                        self.saved.pop(session_id, None)
+                else:
+                    self._keep(item, ray.put(item) if copy_here else ref)
+                del item
+                self._ack(replica)
+        except Exception as exc:  # noqa: BLE001 - the replica died: keep what we have
+            log.info("checkpoint stream of %s ended: %s", self.replica_id, exc)
+        finally:
+            self._ended.set()
+
+    def _keep(self, record: SessionStates, ref: Any) -> None:
+        meta = record.sessions[0]
+        self.saved[meta.session_id] = (meta, record.nbytes, ref)
+
+    def _ack(self, replica: Any) -> None:
+        """Acknowledge the items taken so far; one acknowledgement in flight at a time."""
+        if self._acking is None or self._acking.done():
+            self._acking = asyncio.get_running_loop().create_task(self._send_acks(replica))
+
+    async def _send_acks(self, replica: Any) -> None:
+        while self.acked < self.items:
+            self.acked = self.items
+            held_bytes = sum(n for _, n, _ in self.saved.values())
+            try:
+                await replica.checkpoints_acked.remote(self.acked, len(self.saved), held_bytes)
+            except Exception:  # noqa: BLE001 - the replica died
+                return
+
+    async def checkpoints(
+        self, session_ids: list[str], wait_s: float
+    ) -> dict[str, tuple[SessionMeta, list[Any]]]:
+        """The latest checkpoints of ``session_ids`` (those it has): meta and [ObjectRef]. For a
+        failover: waits up to ``wait_s`` for the dead replica's stream to end first."""
+        if self._ended is not None:
+            try:
+                await asyncio.wait_for(self._ended.wait(), wait_s)
+            except asyncio.TimeoutError:
+                log.warning(
+                    "checkpoint stream of %s still open after %.1fs", self.replica_id, wait_s
+                )
+        return {
+            sid: (self.saved[sid][0], [self.saved[sid][2]])
+            for sid in session_ids
+            if sid in self.saved
+        }
+
+    async def stats(self) -> tuple[int, int]:
+        """Checkpoints held, and their bytes."""
+        return len(self.saved), sum(n for _, n, _ in self.saved.values())

@@ -1,0 +1,118 @@
+"""``SessionOps``: the engine's session-level operations (mixed into ``Engine``): open, close,
+look up, release idle sessions, park idle ones, and note state changes for checkpoints.
+
+They run on the engine thread, between steps, like every engine method.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from replica.api import ReleaseReason, ReplicaDrainingError, SessionInfo, SessionMovingError
+from replica.checkpoints.log import CheckpointBatch, CheckpointLog
+from replica.config import ReplicaConfig
+from replica.sessions.session import SessionSlot, StreamingSession
+
+if TYPE_CHECKING:
+    from replica.engine.moves import SessionMoves
+    from replica.engine.scheduler import Scheduler
+    from replica.sessions.stream_leases import StreamLeases
+
+
+class SessionOps:
+    config: ReplicaConfig
+    replica_id: str
+    sessions: StreamingSession
+    scheduler: Scheduler
+    leases: StreamLeases
+    moves: SessionMoves
+    checkpoints: CheckpointLog | None
+    draining: bool
+
+    def cancel(self, session_id: str, why: str = "", turn_id: int | None = None) -> bool:
+        raise NotImplementedError  # provided by Engine
+
+    def open_session(
+        self,
+        session_id: str,
+        idle_timeout_s: float = 0.0,
+        tenant: str = "",
+        gateway_id: str = "",
+    ) -> SessionInfo:
+        """Open a session (its slots are reserved now); the idle timeout is capped by the
+        replica's. ``gateway_id`` is where its turn events go until a turn says otherwise."""
+        if self.draining:
+            raise ReplicaDrainingError(f"replica {self.replica_id} is draining")
+        cap = self.config.session_idle_timeout_s
+        timeout = min(idle_timeout_s, cap) if idle_timeout_s > 0 else cap
+        return self.info(self.sessions.open(session_id, timeout, tenant, gateway_id))
+
+    def close_session(
+        self, session_id: str, reason: ReleaseReason = ReleaseReason.CLOSED, force: bool = False
+    ) -> bool:
+        """Release the session; a turn in flight is cancelled first. Idempotent. A session
+        moving to another replica is refused (``SessionMovingError``) unless ``force``."""
+        slot = self.sessions.sessions.get(session_id)
+        if slot is not None and slot.moving and not force:
+            raise SessionMovingError(f"session {session_id} is moving to another replica")
+        self.cancel(session_id, "session closed")
+        return self.sessions.release_session(session_id, reason)
+
+    def info(self, slot: SessionSlot) -> SessionInfo:
+        return SessionInfo(
+            slot.session_id,
+            slot.committed_tokens,
+            self.config.pools.max_context,
+            self.scheduler.find(slot.session_id)[0] is not None,
+            slot.idle_timeout_s,
+            slot.parked,
+        )
+
+    def session_info(self, session_id: str) -> SessionInfo:
+        return self.info(self.sessions.get(session_id))
+
+    def session_tenants(self) -> dict[str, str]:
+        """Every open session and its tenant (what a restarted router rebuilds its table from)."""
+        return {
+            s.session_id: s.tenant
+            for s in self.sessions.sessions.values()
+            if s.close_reason is None
+        }
+
+    def release_idle(self) -> list[str]:
+        """Release the sessions idle past their timeout, except those with a turn waiting and
+        those a stream holds open (``leases``); returns their ids."""
+        self.leases.prune(self.sessions.sessions)
+        self.moves.expire()
+        busy = {req.session_id for req in self.scheduler.waiting}
+        expired = [
+            sid
+            for sid in self.sessions.idle_expired()
+            if not (sid in busy or self.leases.held(sid))
+        ]
+        for sid in expired:
+            self.sessions.release_session(sid, ReleaseReason.IDLE_TIMEOUT)
+        return expired
+
+    def park_idle(self) -> int:
+        """Park the sessions idle for ``park_after_idle_s`` (when set); returns how many."""
+        if not self.config.park_after_idle_s:
+            return 0
+        return self.sessions.residency.park_idle(self.config.park_after_idle_s)
+
+    def close_all(self, reason: ReleaseReason = ReleaseReason.CLOSED) -> None:
+        for session_id in list(self.sessions.sessions):
+            self.close_session(session_id, reason, force=True)
+
+    def checkpoint_changed(self, slots: Iterable[SessionSlot]) -> None:
+        """Sessions whose state changed: checkpointed after this step (when checkpoints are
+        on)."""
+        if self.checkpoints is not None:
+            self.checkpoints.changed(slots)
+
+    def take_checkpoints(self) -> CheckpointBatch | None:
+        """What the steps since the last call leave to checkpoint (None: checkpoints off)."""
+        if self.checkpoints is None:
+            return None
+        return self.checkpoints.take()

@@ -1,0 +1,153 @@
+"""``Failover``: a dead replica's sessions restored on live replicas from their checkpoints.
+
+When a replica is declared dead (its process died, its engine loop died, it stopped answering):
+1. each of its sessions is marked moving in the table: routes asked for meanwhile wait;
+2. its checkpoint store is asked for their latest checkpoints (after the dead replica's
+   checkpoint stream has ended, so that every checkpoint it wrote is in);
+3. they are imported on live replicas with room, chosen by placement, one batch per target; a
+   target fetches each checkpoint straight from the object store. Sessions that find no room
+   wait for room (a replacement replica joins empty) up to ``wait_s``;
+4. the restored sessions are pinned to their new replicas; the others (no checkpoint, or no
+   room in time) become ABORTED tombstones; then the store is ended.
+The ``FailoverOutcome`` is what gateways end the calls in flight with: UNAVAILABLE ("retry the
+turn; the session continues at committed_tokens N") for a restored session, ABORTED for a lost
+one. There is one failover per dead replica; every caller gets its outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from replica.api import ActorError, MigrationReason, StatusCode
+from router.control.migration import Migrator
+from router.control.table import ReplicaEntry, SessionTable
+
+log = logging.getLogger(__name__)
+
+STORE_WAIT_S = 5.0  # how long the dead replica's checkpoint stream may take to end
+
+
+@dataclass(frozen=True, slots=True)
+class FailoverOutcome:
+    """What became of a dead replica's sessions: ``restored`` (session id -> the committed
+    tokens it continues at, on a live replica) and ``lost`` (their state is gone)."""
+
+    restored: dict[str, int] = field(default_factory=dict)
+    lost: tuple[str, ...] = ()
+
+
+class Failover:
+    def __init__(
+        self,
+        replicas: dict[str, ReplicaEntry],
+        sessions: SessionTable,
+        migrator: Migrator,
+        wait_for_room: Callable[[float], Awaitable[None]],
+        on_dead: Callable[[str, str], Awaitable[Any]],
+        wait_s: float,
+    ) -> None:
+        self.replicas = replicas
+        self.sessions = sessions
+        self.migrator = migrator
+        self.wait_for_room = wait_for_room
+        self.on_dead = on_dead
+        self.wait_s = wait_s
+
+    def start(self, replica_id: str) -> None:
+        entry = self.replicas[replica_id]
+        if entry.failover is None:
+            entry.failover = asyncio.get_running_loop().create_task(self._run(replica_id, entry))
+
+    async def outcome(self, replica_id: str) -> FailoverOutcome:
+        entry = self.replicas.get(replica_id)
+        if entry is None or entry.failover is None:
+            return FailoverOutcome()
+        return await asyncio.shield(entry.failover)
+
+    async def _run(self, replica_id: str, entry: ReplicaEntry) -> FailoverOutcome:
+        claimed = await self.migrator.claims.claim(
+            self.sessions.sessions_of(replica_id), replica_id
+        )
+        try:
+            found = await self._checkpoints(entry, list(claimed))
+            restored = await self._restore(found, replica_id) if found else {}
+            lost = tuple(sid for sid in claimed if sid not in restored)
+            entry.lost += self.sessions.abort(list(lost))
+            entry.migrated[MigrationReason.FAILOVER.value] += len(restored)
+            log.error(
+                "replica %s is dead: %d sessions restored from checkpoints, %d lost",
+                replica_id,
+                len(restored),
+                len(lost),
+            )
+            return FailoverOutcome(restored, lost)
+        finally:
+            self.migrator.claims.release(claimed)
+            if entry.checkpoints is not None:
+                try:
+                    ray.kill(entry.checkpoints, no_restart=True)
+                except Exception as exc:  # noqa: BLE001 - gone already
+                    log.info("end of the checkpoint store of %s: %s", replica_id, exc)
+
+    async def _checkpoints(self, entry: ReplicaEntry, ids: list[str]) -> dict[str, Any]:
+        if entry.checkpoints is None or not ids:
+            return {}
+        try:
+            return await entry.checkpoints.checkpoints.remote(ids, STORE_WAIT_S)
+        except Exception as exc:  # noqa: BLE001 - the store died too: nothing to restore
+            log.error("checkpoint store unreachable: %s", exc)
+            return {}
+
+    async def _restore(self, found: dict[str, Any], dead: str) -> dict[str, int]:
+        """Import ``found`` (session id -> (meta, [checkpoint ref])) on live replicas; returns
+        the restored ones with their committed tokens."""
+        restored: dict[str, int] = {}
+        pending, excluded = sorted(found), {dead}
+        deadline = time.monotonic() + self.wait_s
+        while pending:
+            groups = self.migrator.assign(pending, None, excluded)
+            if not groups:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                await self.wait_for_room(min(1.0, left))
+                excluded = {dead}
+                continue
+            outcomes = await asyncio.gather(
+                *(self._import(tid, sids, found) for tid, sids in groups.items())
+            )
+            pending = []
+            for tid, (landed, refused) in zip(groups, outcomes):
+                restored.update(landed)
+                for sid, why in refused.items():
+                    if why.code == StatusCode.RESOURCE_EXHAUSTED:
+                        pending.append(sid)
+                        excluded.add(tid)
+        return restored
+
+    async def _import(
+        self, target: str, ids: list[str], found: dict[str, Any]
+    ) -> tuple[dict[str, int], dict[str, ActorError]]:
+        entry = self.replicas[target]
+        entry.reserved += len(ids)
+        try:
+            imported = await entry.handle.import_sessions.remote([found[s][1][0] for s in ids])
+        except Exception as exc:  # noqa: BLE001 - the target died too: try the others
+            await self.on_dead(target, f"import_sessions failed: {type(exc).__name__}")
+            gone = ActorError(StatusCode.RESOURCE_EXHAUSTED, f"replica {target} died")
+            return {}, dict.fromkeys(ids, gone)
+        finally:
+            entry.reserved -= len(ids)
+        if isinstance(imported, ActorError):
+            return {}, dict.fromkeys(ids, imported)
+        entry.take(imported.snapshot)
+        landed = {info.session_id: info.committed_tokens for info in imported.opened}
+        self.migrator.claims.land(list(landed), target)
+        return landed, imported.refused

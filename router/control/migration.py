@@ -1,0 +1,220 @@
+"""``Migrator``: moving live sessions from one replica to others, the pin switched atomically.
+
+A move of sessions off ``source``:
+1. the table marks each one moving (``SessionEntry.moving``): a route asked for meanwhile waits;
+2. the source marks them moving too (``mark_moving``): they take no new turn, and a gateway that
+   calls the source about one is answered UNAVAILABLE and asks the router, which waits;
+3. the idle and parked ones are exported at once, in one batch per target (placement chooses
+   the targets unless the caller named one); a session whose turn runs is exported when that
+   turn has ended (waiting at most ``wait_s``);
+4. each batch goes from the source's object store straight to its target: the target's
+   ``import_sessions`` is handed the export's ObjectRef, so the bytes never pass through the
+   router or a gateway;
+5. once the target answers (with checkpoints on, after its first checkpoint of each session is
+   stored there), the sessions that landed are pinned to the target (one table write, atomic
+   for every reader), the routes waiting for them are woken, and the source releases them
+   (reason ``migrated``); those that did not land stay on the source, unmarked, and say why in
+   ``Moved.left``.
+A failure at any step leaves each session pinned where its state is (the source, unless the
+target confirmed the import). Moves of one session never overlap: a second waits for the first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from replica.api import ActorError, Exported, Imported, MigrationReason, StatusCode
+from router.control.moving import MovingSessions
+from router.control.placement import choose_replica
+from router.control.table import ReplicaEntry, SessionTable
+from router.control.views import ReplicaView
+
+log = logging.getLogger(__name__)
+
+NO_ROOM = ActorError(
+    StatusCode.RESOURCE_EXHAUSTED,
+    "no other replica has room for the session; add replicas or free room, then retry",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Moved:
+    """The outcome of a move: sessions now on another replica, and those left (and why)."""
+
+    migrated: tuple[str, ...] = ()
+    left: dict[str, ActorError] = field(default_factory=dict)
+
+
+class Migrator:
+    def __init__(
+        self,
+        replicas: dict[str, ReplicaEntry],
+        sessions: SessionTable,
+        view: Callable[[str], ReplicaView],
+        on_dead: Callable[[str, str], Awaitable[Any]],
+    ) -> None:
+        self.replicas = replicas
+        self.sessions = sessions
+        self.view = view
+        self.on_dead = on_dead
+        self.claims = MovingSessions(sessions)
+
+    async def move(
+        self,
+        session_ids: Sequence[str],
+        source: str,
+        reason: MigrationReason,
+        target: str | None = None,
+        wait_s: float = 0.0,
+    ) -> Moved:
+        """Move the sessions among ``session_ids`` pinned to ``source`` to ``target`` (None:
+        placement chooses); a session whose turn runs moves once the turn has ended, if that
+        is within ``wait_s``. Sessions not pinned to ``source`` are left (NOT_FOUND)."""
+        claimed = await self.claims.claim(session_ids, source)
+        left = {
+            sid: ActorError(StatusCode.NOT_FOUND, f"session {sid} is not on {source}")
+            for sid in session_ids
+            if sid not in claimed
+        }
+        try:
+            marked = await self._on(source, "mark_moving", list(claimed))
+            if isinstance(marked, ActorError):
+                return Moved((), {**left, **dict.fromkeys(claimed, marked)})
+            left.update({sid: _closed(sid) for sid in marked.missing})
+            jobs = [self._move_idle(marked.exported, source, reason, target)]
+            jobs += [self._move_busy(sid, source, reason, target, wait_s) for sid in marked.busy]
+            migrated: list[str] = []
+            for moved in await asyncio.gather(*jobs):
+                migrated += moved.migrated
+                left.update(moved.left)
+            return Moved(tuple(migrated), left)
+        finally:
+            self.claims.release(claimed)
+
+    async def _move_busy(
+        self, sid: str, source: str, reason: MigrationReason, target: str | None, wait_s: float
+    ) -> Moved:
+        """Move one session once its running turn has ended."""
+        still = await self._on(source, "wait_turns_ended", [sid], wait_s)
+        if isinstance(still, ActorError) or still:
+            await self._on(source, "finish_export", [sid], False)
+            why = still if isinstance(still, ActorError) else _still_busy(sid)
+            return Moved((), {sid: why})
+        return await self._move_idle((sid,), source, reason, target)
+
+    async def _move_idle(
+        self, ids: Sequence[str], source: str, reason: MigrationReason, target: str | None
+    ) -> Moved:
+        """Move idle sessions in one batch per target; those a target refuses for lack of room
+        try the other replicas."""
+        pending, excluded, migrated, left = list(ids), {source}, [], {}
+        while pending:
+            groups = self.assign(pending, target, excluded)
+            placed = {sid for sids in groups.values() for sid in sids}
+            left.update({sid: NO_ROOM for sid in pending if sid not in placed})
+            outcomes = await asyncio.gather(
+                *(self._move_group(sids, source, tid, reason) for tid, sids in groups.items())
+            )
+            pending = []
+            for tid, (landed, refused) in zip(groups, outcomes):
+                migrated += landed
+                for sid, why in refused.items():
+                    retry = target is None and why.code == StatusCode.RESOURCE_EXHAUSTED
+                    if retry:
+                        pending.append(sid)
+                        excluded.add(tid)
+                    else:
+                        left[sid] = why
+        if left:
+            await self._on(source, "finish_export", list(left), False)
+        return Moved(tuple(migrated), left)
+
+    def assign(
+        self, ids: Sequence[str], target: str | None, excluded: set[str]
+    ) -> dict[str, list[str]]:
+        """Targets for ``ids``: ``target``, or placement's choice among the healthy replicas
+        not ``excluded``, each choice counted as a reservation for the next."""
+        if target is not None:
+            return {target: list(ids)} if target not in excluded else {}
+        views = [self.view(rid) for rid in self.replicas if rid not in excluded]
+        reserved = {rid: e.reserved for rid, e in self.replicas.items()}
+        groups: dict[str, list[str]] = {}
+        for sid in ids:
+            chosen = choose_replica(views, reserved)
+            if chosen is None:
+                break
+            groups.setdefault(chosen, []).append(sid)
+            reserved[chosen] = reserved.get(chosen, 0) + 1
+        return groups
+
+    async def _move_group(
+        self, ids: list[str], source: str, target: str, reason: MigrationReason
+    ) -> tuple[list[str], dict[str, ActorError]]:
+        """Export ``ids`` from ``source``, import them on ``target``, pin those that landed and
+        release them on the source; returns (landed, refused with why)."""
+        src, dst = self.replicas.get(source), self.replicas.get(target)
+        if src is None or dst is None:
+            return [], dict.fromkeys(ids, _gone(target))
+        exported_ref, states_ref = src.handle.export_sessions.options(num_returns=2).remote(ids)
+        try:
+            exported: Exported | ActorError = await exported_ref
+        except Exception as exc:  # noqa: BLE001 - the source died: its failover takes over
+            await self.on_dead(source, f"export_sessions failed: {type(exc).__name__}")
+            return [], dict.fromkeys(ids, _gone(source))
+        if isinstance(exported, ActorError):
+            return [], dict.fromkeys(ids, exported)
+        refused = {sid: _still_busy(sid) for sid in exported.busy}
+        refused.update({sid: _closed(sid) for sid in exported.missing})
+        if not exported.exported:
+            return [], refused
+        dst.reserved += len(exported.exported)
+        try:
+            imported: Imported | ActorError = await dst.handle.import_sessions.remote([states_ref])
+        except Exception as exc:  # noqa: BLE001 - the target died under the move
+            await self.on_dead(target, f"import_sessions failed: {type(exc).__name__}")
+            imported = _gone(target)
+        finally:
+            dst.reserved -= len(exported.exported)
+        if isinstance(imported, ActorError):
+            return [], {**refused, **dict.fromkeys(exported.exported, imported)}
+        dst.take(imported.snapshot)
+        landed = [info.session_id for info in imported.opened]
+        self.claims.land(landed, target)
+        refused.update(imported.refused)
+        finished = await self._on(source, "finish_export", landed, True)
+        if not isinstance(finished, ActorError):
+            src.take(finished)
+        src.migrated[reason.value] += len(landed)
+        return landed, refused
+
+    async def _on(self, replica_id: str, method: str, *args: Any) -> Any:
+        """``replica.method(*args)``; an ActorError when the replica is gone or fails it."""
+        entry = self.replicas.get(replica_id)
+        if entry is None:
+            return _gone(replica_id)
+        try:
+            return await getattr(entry.handle, method).remote(*args)
+        except Exception as exc:  # noqa: BLE001 - the replica died
+            await self.on_dead(replica_id, f"{method} failed: {type(exc).__name__}")
+            return _gone(replica_id)
+
+
+def _gone(replica_id: str) -> ActorError:
+    return ActorError(
+        StatusCode.UNAVAILABLE, f"replica {replica_id} is gone or failed the move; retry"
+    )
+
+
+def _closed(session_id: str) -> ActorError:
+    return ActorError(StatusCode.NOT_FOUND, f"session {session_id} was closed; nothing to move")
+
+
+def _still_busy(session_id: str) -> ActorError:
+    return ActorError(
+        StatusCode.UNAVAILABLE,
+        f"session {session_id} is still running a turn; it moves once the turn has ended: retry",
+    )

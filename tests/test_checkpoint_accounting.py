@@ -1,0 +1,64 @@
+"""Checkpoints are accounted like slots: a replica actor and the ``CheckpointStore`` that follows
+it agree on every checkpoint. Each session's state changes write one, a release frees it, and
+the replica's ``checkpoints`` pool (capacity, free, session_held, leaked) says so in every
+snapshot; with the failpoint ``leak_checkpoint_on_release`` (a released session's checkpoint is
+not freed) the leak shows as ``leaked`` 1, exactly, within moments.
+"""
+
+from __future__ import annotations
+
+import ray
+
+from replica.actor import CheckpointStore, ReplicaActor
+from replica.api import PoolSnapshot, SamplingParams
+from replica.config import PoolConfig, ReplicaConfig
+from tests.support.cluster import wait_for
+
+POOLS = PoolConfig(max_sessions=4, kv_tokens=1024, max_context=256, max_parked_sessions=2)
+
+
+def replica_with_store(name: str, failpoints: frozenset[str] = frozenset()):
+    config = ReplicaConfig(pools=POOLS, failpoints=failpoints, threads=1)
+    replica = ray.remote(ReplicaActor).options(num_cpus=0).remote(name, config)
+    node = ray.get(replica.describe.remote(), timeout=120).node_id
+    store = ray.remote(CheckpointStore).options(num_cpus=0).remote(name)
+    ray.get(store.follow.remote(replica, node))
+    return replica, store
+
+
+def checkpoints_pool(replica) -> tuple[int, int, int, int]:
+    """(capacity, free, session_held, leaked) of the replica's checkpoints pool, exactly."""
+    snap = ray.get(replica.snapshot.remote(True), timeout=30)
+    assert isinstance(snap, PoolSnapshot), snap
+    pool = snap.pool("checkpoints")
+    return pool.capacity, pool.free, pool.session_held, pool.leaked
+
+
+def test_checkpoints_are_written_freed_and_a_leaked_one_shows(ray_cluster):
+    replicas = {
+        "plain": replica_with_store("ckpt-plain"),
+        "leaky": replica_with_store("ckpt-leaky", frozenset({"leak_checkpoint_on_release"})),
+    }
+    for replica, store in replicas.values():
+        wait_for(lambda r=replica: checkpoints_pool(r) == (6, 6, 0, 0), 30, 0.05, "a store")
+        for sid in ("a", "b"):
+            ray.get(replica.open_session.remote(sid))
+        turn = replica.submit_turn.remote("", "a", None, [5, 6, 7], SamplingParams(4))
+        assert isinstance(ray.get(turn), int)
+        wait_for(lambda r=replica: checkpoints_pool(r) == (6, 4, 2, 0), 30, 0.05, "2 written")
+        assert ray.get(store.stats.remote())[0] == 2
+        closed = ray.get(replica.close_sessions.remote(["a"]))
+        assert closed.was_open == (True,)
+
+    plain_replica, plain_store = replicas["plain"]
+    wait_for(lambda: checkpoints_pool(plain_replica) == (6, 5, 1, 0), 30, 0.05, "a freed")
+    assert ray.get(plain_store.stats.remote())[0] == 1
+
+    leaky_replica, leaky_store = replicas["leaky"]  # "a" is released, its checkpoint is not
+    wait_for(lambda: checkpoints_pool(leaky_replica) == (6, 4, 1, 1), 30, 0.05, "the leak")
+    assert ray.get(leaky_store.stats.remote())[0] == 2
+
+    for replica, store in replicas.values():
+        ray.get(replica.close_sessions.remote(["b"]))
+        ray.kill(replica)
+        ray.kill(store)
