@@ -52,7 +52,7 @@ class Conversation:
         self.route: Route | None = None
         self.inbox = None
         self.reader: asyncio.Task | None = None
-        self.live: set[int] = set()  # turns whose chunks we still forward
+        self.live: dict[int, str] = {}  # turns whose chunks we still forward -> their replica
         self.started = 0.0  # when the latest turn was submitted
         self.first_token = False  # its first token is still to come
 
@@ -78,12 +78,12 @@ class Conversation:
                     case ClientReady():
                         for message in pending.take():
                             half_closed = await self._act(message) or half_closed
-                    case ReplicaLost() as lost if lost.replica_id == inbox.replica_id:
+                    case ReplicaLost() as lost if self._concerns(lost):
                         for chunk in await self._replica_lost(lost):
                             yield pb.ConverseResponse(chunk=chunk)
                     case Piece() as piece if piece.turn_id in self.live or piece.turn_id == -1:
                         if piece.end is not None:
-                            self.live.discard(piece.turn_id)
+                            self.live.pop(piece.turn_id, None)
                         yield pb.ConverseResponse(
                             chunk=self.gw.chunk(piece, self.started, self.first_token)
                         )
@@ -104,7 +104,7 @@ class Conversation:
         if isinstance(message, ClientInput):
             route, turn_id = await self.gw.submit(self.route, message.request)
             self._moved(route)
-            self.live.add(turn_id)
+            self.live[turn_id] = route.replica_id
             self.started, self.first_token = time.perf_counter(), True
         return False
 
@@ -115,23 +115,35 @@ class Conversation:
             self.gw.leases.hold(route)
             self.gw.delivery.move(self.inbox, route)
 
+    def _concerns(self, lost: ReplicaLost) -> bool:
+        """Whether the session was on the replica that ended, or a turn of ours ran there."""
+        return lost.replica_id == self.route.replica_id or lost.replica_id in self.live.values()
+
     async def _replica_lost(self, lost: ReplicaLost) -> list[pb.GenerateChunk]:
-        """The session's replica died. Its state gone: the stream ends ABORTED. Restored
-        elsewhere from its checkpoint: the stream goes on there, and each turn in flight ends
-        INTERRUPTED at the checkpoint's committed tokens (what the client says next continues
-        from there)."""
-        if lost.committed_tokens is None:
-            event = lost.event(self.route.session_id)
-            raise Refused(event.error_code, event.error)
-        self._moved(check(await self.gw.relocate(self.route)))
-        ended = [
-            pb.GenerateChunk(
-                finish_reason=pb.FINISH_REASON_INTERRUPTED, committed_tokens=lost.committed_tokens
+        """A replica the session was on ended (it died, or was stopped once the session had
+        moved off it). The session's state gone: the stream ends ABORTED. Elsewhere (restored
+        from its checkpoint, or moved): the stream goes on there, and each turn in flight on
+        that replica ends INTERRUPTED at the committed tokens the session continues at (what
+        the client says next continues from there)."""
+        if lost.replica_id == self.route.replica_id:
+            if lost.committed_tokens is None:
+                event = lost.event(self.route.session_id)
+                raise Refused(event.error_code, event.error)
+            self._moved(check(await self.gw.relocate(self.route)))
+        ended = [turn for turn, replica in self.live.items() if replica == lost.replica_id]
+        committed = lost.committed_tokens
+        if ended and committed is None:  # the session had moved on before: ask where it is
+            route, info = await self.gw.on_session(
+                self.route, "get_session", lambda r: r.handle.get_session.remote(r.session_id)
             )
-            for _ in self.live
+            self._moved(route)
+            committed = info.committed_tokens
+        for turn in ended:
+            del self.live[turn]
+        return [
+            pb.GenerateChunk(finish_reason=pb.FINISH_REASON_INTERRUPTED, committed_tokens=committed)
+            for _ in ended
         ]
-        self.live.clear()
-        return ended
 
     async def _read(self, pending: PendingInputs) -> None:
         """Hand the client's requests to ``pending``, in order; waits while it is full."""

@@ -48,6 +48,7 @@ class Delivery:
     def move(self, inbox: Inbox, route: Route) -> None:
         """The inbox's session is on ``route``'s replica now: its events come from there."""
         if inbox.replica_id != route.replica_id:
+            inbox.left.add(inbox.replica_id)
             inbox.replica_id = route.replica_id
             self.watch(route)
 
@@ -79,8 +80,13 @@ class Delivery:
             await self.on_lost(route.replica_id, f"output stream broke: {type(exc).__name__}")
 
     def streaming_on(self, replica_id: str) -> list[Inbox]:
-        """The inboxes of this gateway's calls streaming sessions of ``replica_id``."""
-        return [inbox for inbox in self._inboxes.values() if inbox.replica_id == replica_id]
+        """The inboxes of this gateway's calls streaming sessions of ``replica_id``, now or
+        before their session moved (a turn may still run there)."""
+        return [
+            inbox
+            for inbox in self._inboxes.values()
+            if inbox.replica_id == replica_id or replica_id in inbox.left
+        ]
 
     def stop(self) -> None:
         for task in self._pumps.values():

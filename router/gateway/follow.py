@@ -11,9 +11,11 @@ state is gone (ABORTED) is that the answer.
 
 The calls streaming a session follow it too when its old replica ends: one that died
 (``replica_lost``: the router's failover says which sessions were restored elsewhere from their
-checkpoints) or one that was drained and stopped (``replica_ended``, autoscaling). A streaming
-call whose session had moved off that replica before goes on where it is now; the others end
-(``router.gateway.inbox.ReplicaLost``). Mixed into ``Gateway``.
+checkpoints) or one that was drained and stopped (``replica_ended``, autoscaling). Each call
+streaming a session from it gets ``router.gateway.inbox.ReplicaLost``: where the session goes
+on elsewhere (restored, or moved off before), at its committed tokens, a turn in flight there
+ends UNAVAILABLE (Generate: retry it) or INTERRUPTED (Converse, which goes on); where its state is
+gone, ABORTED. Mixed into ``Gateway``.
 """
 
 from __future__ import annotations
@@ -134,14 +136,25 @@ class Following:
         self.calls.forget(replica_id)
 
     async def _end_streams_on(self, replica_id: str, restored: dict[str, int]) -> None:
-        """End the calls streaming sessions of ``replica_id``, which ended: those ``restored``
-        (session id -> committed tokens) from their checkpoints, and those whose state is gone;
-        a call whose session had moved to another replica before follows it there."""
+        """End the calls streaming sessions of ``replica_id``, which ended: a turn in flight
+        there will never end. Each session goes on where the router has it now, at its
+        committed tokens (``restored`` from its checkpoint, session id -> committed tokens, or
+        moved off before, read from its new replica), or its state is gone."""
         for inbox in self.delivery.streaming_on(replica_id):
             committed = restored.get(inbox.session_id)
             if committed is None:
-                where = await self.router.call("route", inbox.session_id, None)
-                if isinstance(where, Route) and where.replica_id != replica_id:
-                    self.delivery.move(inbox, where)
-                    continue
+                committed = await self._committed_elsewhere(inbox.session_id, replica_id)
             inbox.put(ReplicaLost(replica_id, committed))
+
+    async def _committed_elsewhere(self, session_id: str, replica_id: str) -> int | None:
+        """The committed tokens of a session the router has on another replica than
+        ``replica_id``; None when it has none (the session is gone)."""
+        where = await self.router.call("route", session_id, None)
+        if not isinstance(where, Route) or where.replica_id == replica_id:
+            return None
+        try:
+            info = await where.handle.get_session.remote(session_id)
+        except Exception as exc:  # noqa: BLE001 - that replica is going too: the state is gone
+            log.info("session %s on %s: %s", session_id, where.replica_id, exc)
+            return None
+        return None if isinstance(info, ActorError) else info.committed_tokens

@@ -21,11 +21,12 @@ from replica.api import StatusCode, TurnEvent, replica_lost_message, session_res
 class Inbox:
     """The items for one call streaming one session, in order; one reader."""
 
-    __slots__ = ("session_id", "replica_id", "items", "_waiter")
+    __slots__ = ("session_id", "replica_id", "left", "items", "_waiter")
 
     def __init__(self, session_id: str, replica_id: str) -> None:
         self.session_id = session_id
         self.replica_id = replica_id
+        self.left: set[str] = set()  # replicas the call streamed from before: turns may run there
         self.items: list[Any] = []
         self._waiter: asyncio.Future | None = None
 
@@ -49,8 +50,9 @@ class Inbox:
 @dataclass(frozen=True, slots=True)
 class ReplicaLost:
     """An inbox item: the replica ``replica_id`` the inbox's session was on ended;
-    ``committed_tokens`` is where the session continues (restored elsewhere from its
-    checkpoint), None when its state is gone. Stale once the inbox has moved to another replica."""
+    ``committed_tokens`` is where the session continues on another replica (restored from its
+    checkpoint, or moved there before), None when its state is gone. Stale once the inbox has
+    moved to another replica."""
 
     replica_id: str
     committed_tokens: int | None
