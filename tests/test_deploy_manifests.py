@@ -169,3 +169,17 @@ def test_network_policy_keeps_rays_ports_to_the_cluster(base, cluster):
             open_ports |= {p["port"] for p in rule["ports"]}
     assert open_ports == {50051, 9400, 8080}, open_ports
     assert not open_ports & {6379, 8265, 10001}, "Ray's ports are open beyond the cluster"
+
+
+def test_every_alert_has_a_severity_and_a_runbook_section():
+    alerts = yaml.safe_load((REPO / "deploy" / "prometheus" / "alerts.yml").read_text())
+    runbooks = (REPO / "deploy" / "runbooks.md").read_text()
+    sections = {
+        line[3:].strip().lower() for line in runbooks.splitlines() if line.startswith("## ")
+    }
+    for rule in alerts["groups"][0]["rules"]:
+        name = rule["alert"]
+        assert rule["labels"]["severity"] in ("critical", "warning", "info"), name
+        assert name.lower() in sections, f"deploy/runbooks.md has no section for {name}"
+        url = rule["annotations"]["runbook_url"]
+        assert url.endswith(f"deploy/runbooks.md#{name.lower()}"), url
