@@ -31,20 +31,21 @@ def join_cluster() -> None:
         ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
 
 
-def replica_actor(replica_id: str, namespace: str):
-    """The replica's actor handle, or None when the cluster has no such replica."""
+def replica_actor(args: argparse.Namespace, out: TextIO):
+    """The replica's actor handle (joining the cluster first), or None, said on ``out``, when
+    the cluster has no such replica."""
+    join_cluster()
     try:
-        return ray.get_actor(replica_id, namespace=namespace)
+        return ray.get_actor(args.replica, namespace=args.namespace)
     except ValueError:
+        print(f"no replica {args.replica} in namespace {args.namespace}", file=out)
         return None
 
 
 def run_sessions(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
-    join_cluster()
-    replica = replica_actor(args.replica, args.namespace)
+    replica = replica_actor(args, out)
     if replica is None:
-        print(f"no replica {args.replica} in namespace {args.namespace}", file=out)
         return 2
     router = ray.get_actor(ROUTER_NAME, namespace=args.namespace)
     held = ray.get(replica.list_sessions.remote(), timeout=60)
@@ -66,10 +67,8 @@ def run_sessions(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 def run_restart(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
-    join_cluster()
-    replica = replica_actor(args.replica, args.namespace)
+    replica = replica_actor(args, out)
     if replica is None:
-        print(f"no replica {args.replica} in namespace {args.namespace}", file=out)
         return 2
     if not args.force:
         held = ray.get(replica.list_sessions.remote(), timeout=60)
