@@ -94,6 +94,29 @@ def test_open_beyond_the_gpu_parks_the_least_recently_used_idle_session():
     assert_all_free(pool, sessions)
 
 
+def test_a_turn_that_needs_kv_room_parks_the_least_recently_used_idle_session():
+    """GPU rows to spare, KV pages not: a resident session's longer turn parks idle sessions,
+    least recently active first, until its KV fits, and leaves the others alone."""
+    pool, sessions, clock = make_pools(
+        max_sessions=3, max_parked=2, kv_tokens=64, page_size=16, max_context=64
+    )
+    for i, sid in enumerate(("a", "b", "c")):
+        sessions.open(sid)
+        run_turn(pool, sessions, sid, 16, seed=i)  # one page each; a is the least recent
+        clock.now += 1
+    want = {sid: read_state(sessions, sid) for sid in ("a", "b")}
+    slot = sessions.get("c")
+    assert sessions.residency.room_for_turn(slot, 48)  # 2 more pages: 1 free, a parked
+    assert {s: sessions.get(s).parked for s in "abc"} == {"a": True, "b": False, "c": False}
+    assert_consistent(pool, sessions)
+    assert_states(sessions, want)
+    assert not sessions.residency.room_for_turn(slot, 80)  # past the whole pool: nothing moves
+    assert {s: sessions.get(s).parked for s in "abc"} == {"a": True, "b": False, "c": False}
+    for sid in "abc":
+        sessions.release_session(sid)
+    assert_all_free(pool, sessions)
+
+
 def test_a_new_session_starts_parked_when_every_gpu_slot_runs_a_turn():
     pool, sessions, _ = parking(max_sessions=1)
     sessions.open("a")

@@ -1,27 +1,33 @@
-"""Property-based test of the session layer against a model of its own.
+"""Property-based test of the session layer, parking included, against a model of its own
+(``tests/support/session_model.py``).
 
-Random sequences of open (with the default or a shorter idle timeout), turn start, token growth
-(also past the KV pool's room), turn end, interrupted turn (rollback), close (also during a turn,
-deferred to the turn's end), double close, time passing with idle timeouts, and allocations that do
-not fit. The machine keeps its own record of every session (open, idle or running, closing, its KV
-positions, when it was last active, its timeout, the mamba state it must hold) and decides from it
-alone what must fit, what must be refused and which sessions must expire. After every step the
-allocators' free counts and the snapshot's counts equal what the model says, the strict invariant
-holds, each idle session holds the state its last committed turn left (or the checkpoint, after a
-rollback with a track buffer), and the open/release counters match.
+The machine drives a ``StreamingSession`` over real pools and a real host tier the way the
+scheduler does: open (with the default or a shorter idle timeout; parking the least recently
+active idle session when the GPU is full, or born parked), start a turn (restore a parked
+session, park others to make room, also while other turns run, swap through a full host tier),
+fold tokens (input, then generated ones; each fold writes unique values into the live mamba
+state and the K/V of the folded positions), end or roll back a turn, close (idle, parked, or
+during a turn: deferred to the turn's end), double close, misuse (turns on closed or busy
+sessions, a second open of one id), time passing (idle timeouts, parked sessions included) and
+parking the sessions idle for a while. The model alone decides what fits, what is refused,
+where each session lives and which ones are parked to make room.
 
-Sizes (page size 1 or 16, 0-2 track buffers, 1-4 sessions, a KV pool of 64 or 160 tokens) are drawn
-per example; the machine runs for both shapes of recurrent state (Mamba2, gated DeltaNet). A run
-with the seed's bug switched on (``leak_mamba_on_release``) must fail.
+After every step: every pool (GPU and host) counts exactly what the model says, in the
+allocators' own free counts and in the snapshot, with 0 leaked; the allocators' free lists are
+sound; every idle session's state, read from wherever it lives, holds the values the model
+remembers, bit for bit; the open/release counters match. After closing everything every pool is
+at capacity. Sizes are drawn per example (page size 1 or 16, 0-2 track buffers, 1-4 GPU
+sessions, 0-4 parked, KV pools of several sizes); the machine runs for both shapes of recurrent
+state (Mamba2, gated DeltaNet). A run with the seed's bug switched on must fail.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections import Counter
-from dataclasses import dataclass
 
 import pytest
+import torch
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -33,6 +39,7 @@ from hypothesis.stateful import (
 )
 
 from replica.api import (
+    InvalidRequestError,
     PoolExhaustedError,
     ReleaseReason,
     SessionNotFoundError,
@@ -46,105 +53,101 @@ from tests.support.pools import (
     STATE_MODELS,
     TINY_MODEL,
     assert_consistent,
-    grow,
     make_pools,
+    read_state,
     snapshot,
 )
+from tests.support.session_model import ModelSession, SessionModel, Turn
 
 DEFAULT_TIMEOUT_S = 60.0
-MAX_CONTEXT = 96
-
-
-@dataclass
-class ModelSession:
-    """The machine's own record of one session."""
-
-    timeout_s: float
-    last_active: float
-    committed: int = 0  # KV positions its state covers between turns
-    marker: float = 0.0  # the mamba SSM value its state must hold between turns
-    turn: Req | None = None
-    positions: int = 0  # KV positions the running turn holds
-    folded: int = 0  # positions the running turn has folded in
-    closing: ReleaseReason | None = None  # closed during its turn: released when it ends
+MAX_CONTEXT = 64
 
 
 def make_machine(state_model: ModelConfig = TINY_MODEL, failpoints: frozenset[str] = frozenset()):
     class SessionMachine(RuleBasedStateMachine):
         @initialize(
-            page_size=st.sampled_from([1, 16]),
+            page=st.sampled_from([1, 16]),
             track=st.integers(0, 2),
             max_sessions=st.integers(1, 4),
-            kv_tokens=st.sampled_from([64, 160]),
+            kv_tokens=st.sampled_from([64, 96]),
+            max_parked=st.sampled_from([0, 2, 4]),
+            host_kv_tokens=st.sampled_from([64, 96]),
         )
-        def build(self, page_size, track, max_sessions, kv_tokens):
-            self.cap = Capacity(max_sessions, track, kv_tokens, page_size)
+        def build(self, page, track, max_sessions, kv_tokens, max_parked, host_kv_tokens):
             self.pool, self.sessions, self.clock = make_pools(
                 max_sessions=max_sessions,
                 kv_tokens=kv_tokens,
-                page_size=page_size,
+                page_size=page,
                 track=track,
                 max_context=MAX_CONTEXT,
                 idle_timeout_s=DEFAULT_TIMEOUT_S,
+                max_parked=max_parked,
+                host_kv_tokens=host_kv_tokens,
                 failpoints=failpoints,
                 model=state_model,
             )
-            self.model: dict[str, ModelSession] = {}
-            self.opened = 0
-            self.released: Counter[str] = Counter()
-            self.ids = itertools.count(1)
+            cap = Capacity(max_sessions, track, kv_tokens, page)
+            self.m = SessionModel(cap, max_parked, max(1, host_kv_tokens // page))
+            self.opened, self.released = 0, Counter()
             self.known: list[str] = []  # every id ever opened or refused
-
-        # ----- the model's view -----------------------------------------------------------------
-
-        def idle(self) -> dict[str, ModelSession]:
-            return {sid: m for sid, m in self.model.items() if m.turn is None}
-
-        def running(self) -> dict[str, ModelSession]:
-            return {sid: m for sid, m in self.model.items() if m.turn is not None}
-
-        def free_pages(self) -> int:
-            held = sum(
-                self.cap.pages(m.positions if m.turn else m.committed) for m in self.model.values()
-            )
-            return self.cap.kv_pages - held
-
-        def ssm(self, mamba_idx: int) -> float:
-            return float(self.pool.mamba_pool.ssm[0][mamba_idx, 0, 0, 0])
+            self.ids, self.ticks, self.values = (itertools.count(1) for _ in range(3))
 
         def forget(self, sid: str, reason: ReleaseReason) -> None:
-            del self.model[sid]
+            del self.m.sessions[sid]
             self.released[reason.value] += 1
 
-        # ----- rules ------------------------------------------------------------------------------
+        # ----- rules ------------------------------------------------------------------------
 
         @rule(timeout_s=st.sampled_from([0.0, 5.0, 30.0]))
         def open(self, timeout_s):
             sid = f"s{next(self.ids)}"
             self.known.append(sid)
-            if len(self.model) < self.cap.max_sessions:
-                self.sessions.open(sid, timeout_s)
-                self.model[sid] = ModelSession(timeout_s or DEFAULT_TIMEOUT_S, self.clock.now)
-                self.opened += 1
-            else:
-                with pytest.raises(PoolExhaustedError):
+            placed = self.m.place_new()
+            if placed is None:
+                with pytest.raises(PoolExhaustedError, match="replica is full"):
                     self.sessions.open(sid, timeout_s)
+                return
+            victims, born_parked = placed
+            self.sessions.open(sid, timeout_s)
+            self.m.park(victims)
+            self.m.sessions[sid] = ModelSession(
+                timeout_s or DEFAULT_TIMEOUT_S, self.clock.now, next(self.ticks), parked=born_parked
+            )
+            self.opened += 1
 
-        @precondition(lambda self: self.idle())
-        @rule(data=st.data(), n_input=st.integers(0, 40))
-        def start_turn(self, data, n_input):
-            sid = data.draw(st.sampled_from(sorted(self.idle())))
-            m = self.model[sid]
+        @precondition(lambda self: self.m.idle())
+        @rule(data=st.data(), n_input=st.integers(0, 24), new=st.integers(0, 8))
+        def start_turn(self, data, n_input, new):
+            sid = data.draw(st.sampled_from(self.m.idle()))
+            m = self.m.sessions[sid]
+            target = m.committed + m.pending + n_input + max(0, new - 1)
+            if target > MAX_CONTEXT:
+                return
+            slot = self.sessions.get(sid)
+            self.sessions.residency.touch(slot)  # what Engine.submit does
+            m.order, m.last = next(self.ticks), self.clock.now
+            victims = self.m.room_for_turn(sid, target)
+            ok = victims is not None
+            assert self.sessions.residency.room_for_turn(slot, target) == ok
+            if not ok:
+                return  # refused for now: the invariant checks that it took nothing
+            self.m.park(victims)
+            m.parked = False
             req = Req(sid, [7] * n_input)
             self.sessions.restore_to_req(req)
-            m.turn, m.positions, m.folded = req, m.committed, m.committed
+            self.pool.kv_pool.extend(
+                self.pool.req_to_token, req.seq.req_pool_idx, req.kv_len, target
+            )
+            req.kv_len = target
+            m.turn = Turn(req, target, produced=m.pending + n_input)
 
         @precondition(lambda self: self.known)
         @rule(data=st.data())
         def misuse(self, data):
-            """A turn on a session that is closed, closing or busy; a close of a closed one."""
+            """A turn on a session that is closed, closing or busy; a close of a closed one; a
+            second open of an open id."""
             sid = data.draw(st.sampled_from(self.known))
-            m = self.model.get(sid)
+            m = self.m.sessions.get(sid)
             if m is None or m.closing:
                 with pytest.raises(SessionNotFoundError):
                     self.sessions.restore_to_req(Req(sid, [1]))
@@ -152,65 +155,72 @@ def make_machine(state_model: ModelConfig = TINY_MODEL, failpoints: frozenset[st
             elif m.turn is not None:
                 with pytest.raises(TurnRunningError):
                     self.sessions.restore_to_req(Req(sid, [1]))
+            if m is not None:
+                with pytest.raises(InvalidRequestError):
+                    self.sessions.open(sid)
 
-        @precondition(lambda self: self.running())
-        @rule(data=st.data(), n=st.integers(1, 40))
-        def grow_tokens(self, data, n):
-            sid = data.draw(st.sampled_from(sorted(self.running())))
-            m = self.model[sid]
-            req, target = m.turn, m.folded + n
-            if target > MAX_CONTEXT:
+        @precondition(lambda self: self.m.running())
+        @rule(data=st.data(), n=st.integers(1, 12), sample=st.booleans())
+        def fold(self, data, n, sample):
+            """Fold ``n`` positions: the turn's input first, then tokens it generated (one more
+            sampled token, not folded yet, when ``sample``)."""
+            sid = data.draw(st.sampled_from(self.m.running()))
+            turn = self.m.sessions[sid].turn
+            req = turn.req
+            n = min(n, turn.target - req.folded_len)
+            if n <= 0:
                 return
-            needed = self.cap.pages(target) - self.cap.pages(m.positions)
-            if needed > self.free_pages():
-                with pytest.raises(PoolExhaustedError):
-                    self.pool.kv_pool.extend(
-                        self.pool.req_to_token, req.slots.req_pool_idx, req.kv_len, target
-                    )
-                return  # the invariant checks that the refused extend took nothing
-            grow(self.pool, req, n)
-            req.output_ids.extend([9] * max(0, req.turn_folded - len(req.input_ids)))
-            m.positions, m.folded = max(m.positions, target), target
-            self.pool.mamba_pool.ssm[0][req.slots.mamba_pool_idx].fill_(float(next(self.ids)))
+            generate = req.turn_folded + n + sample - turn.produced
+            if generate > 0:
+                req.output_ids.extend([9] * generate)
+                turn.produced += generate
+            marker = float(next(self.values))
+            mamba = self.pool.mamba_pool
+            mamba.conv_all[:, req.seq.mamba_pool_idx] = marker
+            mamba.ssm_all[:, req.seq.mamba_pool_idx] = marker
+            kv = self.pool.kv_pool
+            for pos in range(req.folded_len, req.folded_len + n):
+                value = float(next(self.values))
+                token = int(self.pool.req_to_token[req.seq.req_pool_idx, pos])
+                kv.k_all[:, token] = value
+                kv.v_all[:, token] = -value
+                turn.kv[pos] = value
+            req.folded_len += n
+            turn.marker = marker
 
         def finish(self, sid: str, commit: bool) -> None:
-            m = self.model[sid]
-            req = m.turn
-            mamba_idx = req.slots.mamba_pool_idx
-            state_now = self.ssm(mamba_idx)
-            if commit or not self.cap.track:
+            m = self.m.sessions[sid]
+            turn, m.turn = m.turn, None
+            req = turn.req
+            if commit or not self.m.cap.track:
                 self.sessions.save_from_req(req)
-                m.committed, m.marker = m.folded, state_now
+                folded = req.folded_len - m.committed
+                m.pending = turn.produced - folded
+                m.committed = req.folded_len
+                m.kv.update(turn.kv)
+                m.marker = m.marker if turn.marker is None else turn.marker
             else:
                 self.sessions.rollback(req)
             assert req.seq is None, "the ended turn still owns slots"
-            m.turn, m.last_active = None, self.clock.now
+            m.kv = {p: v for p, v in m.kv.items() if p < m.committed}
+            m.order, m.last = next(self.ticks), self.clock.now
             if m.closing:
                 self.forget(sid, m.closing)
                 assert sid not in self.sessions.sessions
-            else:
-                assert self.ssm(mamba_idx) == m.marker
 
-        @precondition(lambda self: self.running())
-        @rule(data=st.data())
-        def end_turn(self, data):
-            self.finish(data.draw(st.sampled_from(sorted(self.running()))), commit=True)
+        @precondition(lambda self: self.m.running())
+        @rule(data=st.data(), commit=st.booleans())
+        def end_turn(self, data, commit):
+            self.finish(data.draw(st.sampled_from(self.m.running())), commit)
 
-        @precondition(lambda self: self.running())
-        @rule(data=st.data())
-        def interrupted_turn(self, data):
-            self.finish(data.draw(st.sampled_from(sorted(self.running()))), commit=False)
-
-        @precondition(lambda self: any(not m.closing for m in self.model.values()))
+        @precondition(lambda self: any(not m.closing for m in self.m.sessions.values()))
         @rule(data=st.data())
         def close(self, data):
-            sid = data.draw(
-                st.sampled_from(sorted(s for s, m in self.model.items() if not m.closing))
-            )
-            self.close_session(sid)
+            open_ = sorted(s for s, m in self.m.sessions.items() if not m.closing)
+            self.close_session(data.draw(st.sampled_from(open_)))
 
         def close_session(self, sid: str) -> None:
-            m = self.model[sid]
+            m = self.m.sessions[sid]
             assert self.sessions.release_session(sid) is True
             assert self.sessions.release_session(sid) is False  # idempotent
             if m.turn is not None:
@@ -222,48 +232,56 @@ def make_machine(state_model: ModelConfig = TINY_MODEL, failpoints: frozenset[st
         def time_passes(self, seconds):
             self.clock.now += seconds
             now = self.clock.now
-            due = {
-                sid
-                for sid, m in self.model.items()
-                if m.turn is None and now - m.last_active > m.timeout_s
-            }
+            due = {s for s in self.m.idle() if now - self.m.sessions[s].last > self.timeout(s)}
             assert set(self.sessions.idle_expired()) == due
             for sid in due:
                 assert self.sessions.release_session(sid, ReleaseReason.IDLE_TIMEOUT)
                 self.forget(sid, ReleaseReason.IDLE_TIMEOUT)
 
-        # ----- after every step -------------------------------------------------------------------
+        def timeout(self, sid: str) -> float:
+            return self.m.sessions[sid].timeout_s
+
+        @precondition(lambda self: self.m.max_parked and self.m.idle_resident())
+        @rule(idle_s=st.sampled_from([0.0, 4.0, 10.0]))
+        def park_idle(self, idle_s):
+            batch = self.m.parked_after_idle(self.clock.now, idle_s)
+            assert self.sessions.residency.park_idle(idle_s) == len(batch)
+            self.m.park(batch)
+
+        # ----- after every step -------------------------------------------------------------
 
         @invariant()
         def pools_match_the_model(self):
-            if not hasattr(self, "model"):
+            if not hasattr(self, "m"):
                 return  # before ``build``
-            running = self.running().values()
-            idle = [m for m in self.model.values() if m.turn is None]
-            want = self.cap.expect(
-                idle=len(idle),
-                running=len(running),
-                idle_pages=sum(self.cap.pages(m.committed) for m in idle),
-                running_pages=sum(self.cap.pages(m.positions) for m in running),
-            )
-            turns = [m.turn for m in running]
-            check_pools(self.pool, snapshot(self.pool, self.sessions, turns), want)
+            turns = [self.m.sessions[s].turn.req for s in self.m.running()]
+            parker = self.sessions.residency.parker
+            snap = snapshot(self.pool, self.sessions, turns)
+            check_pools(self.pool, snap, self.m.expect(), parker and parker.host)
             assert_consistent(self.pool, self.sessions, turns)
-            for sid, m in self.model.items():
-                if m.turn is None:
-                    assert self.ssm(self.sessions.sessions[sid].seq.mamba_pool_idx) == m.marker
+            assert set(self.m.parked()) == set(self.sessions.parked)
+            assert set(self.m.sessions) == set(self.sessions.sessions)
+            for sid in self.m.idle():
+                m, slot = self.m.sessions[sid], self.sessions.sessions[sid]
+                assert (slot.committed_len, len(slot.pending_ids)) == (m.committed, m.pending)
+                state = read_state(self.sessions, sid)
+                assert torch.all(state["conv"] == m.marker) and torch.all(state["ssm"] == m.marker)
+                want = torch.tensor([m.kv[p] for p in range(m.committed)])
+                want = want[None, :, None, None].expand_as(state["k"])
+                assert torch.equal(state["k"], want), sid
+                assert torch.equal(state["v"], -want), sid
             assert self.sessions.opened_total == self.opened
             assert +self.sessions.released_total == +self.released
 
         def teardown(self):
-            if not hasattr(self, "model"):
+            if not hasattr(self, "m"):
                 return
-            for sid, m in list(self.model.items()):
+            for sid, m in list(self.m.sessions.items()):
                 if not m.closing:
                     self.close_session(sid)
-            for sid in list(self.running()):
+            for sid in self.m.running():
                 self.finish(sid, commit=False)
-            assert not self.model
+            assert not self.m.sessions
             self.pools_match_the_model()
 
     return SessionMachine

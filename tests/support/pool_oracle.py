@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from replica.api import PoolSnapshot, PoolStats
+from replica.pools.host_pool import HostPools
 from replica.pools.hybrid_pool import HybridReqToTokenPool
 
 
@@ -66,14 +67,20 @@ class Capacity:
 
 
 def check_pools(
-    pool: HybridReqToTokenPool, snapshot: PoolSnapshot, want: dict[str, PoolStats]
+    pool: HybridReqToTokenPool,
+    snapshot: PoolSnapshot,
+    want: dict[str, PoolStats],
+    host: HostPools | None = None,
 ) -> None:
-    """The allocators' free counts and the snapshot's counts are exactly ``want``."""
+    """The allocators' free counts (GPU, and the ``host`` tier's when given) and the snapshot's
+    counts are exactly ``want``."""
     free = {
         "mamba": pool.mamba_pool.num_free,
         "kv_tokens": pool.kv_pool.free_tokens,
         "req": pool.num_free,
     }
+    if host is not None:
+        free |= {"host_mamba": host.mamba.num_free, "host_kv_tokens": host.kv.free_tokens}
     for name, stats in want.items():
         assert free[name] == stats.free, (
             f"{name} allocator has {free[name]} free, the model says {stats.free}: "
