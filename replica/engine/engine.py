@@ -92,7 +92,9 @@ class Engine(SessionOps):
         self.transfer = StateTransfer(
             self.sessions, StateCopier(cuda), self.fingerprint, config.pools
         )
-        self.moves = SessionMoves(self)
+        self.moves = SessionMoves(
+            self.sessions, self.scheduler, self.leases, self.transfer, self.snapshot, self.info
+        )
         self.checkpoints: CheckpointLog | None = None
         if config.session_checkpoints:
             self.checkpoints = CheckpointLog(

@@ -17,27 +17,40 @@ Every method runs on the engine thread, between steps.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 from replica.api import (
     Exported,
     Imported,
     PoolSnapshot,
     ReleaseReason,
+    SessionInfo,
     SessionStates,
 )
-
-if TYPE_CHECKING:
-    from replica.engine.engine import Engine
+from replica.engine.scheduler import Scheduler
+from replica.sessions.session import SessionSlot, StreamingSession
+from replica.sessions.stream_leases import StreamLeases
+from replica.sessions.transfer import StateTransfer
 
 MARK_TTL_S = 120.0
 
 
 class SessionMoves:
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.sessions = engine.sessions
+    def __init__(
+        self,
+        sessions: StreamingSession,
+        scheduler: Scheduler,
+        leases: StreamLeases,
+        transfer: StateTransfer,
+        snapshot: Callable[[], PoolSnapshot],
+        info: Callable[[SessionSlot], SessionInfo],
+    ) -> None:
+        self.sessions = sessions
+        self.scheduler = scheduler
+        self.leases = leases
+        self.transfer = transfer
+        self.snapshot = snapshot  # the engine's: every answer carries the pools as they are now
+        self.info = info
         self.exported_total = 0
         self.imported_total = 0
 
@@ -52,21 +65,21 @@ class SessionMoves:
                 continue
             if slot.moving_since is None:
                 slot.moving_since = now
-            if self.engine.scheduler.find(sid)[0] is not None:
+            if self.scheduler.find(sid)[0] is not None:
                 busy.append(sid)
         ready = tuple(s for s in ids if s not in busy and s not in missing)
         return Exported(ready, tuple(busy), tuple(missing))
 
     def busy(self, ids: Sequence[str]) -> list[str]:
         """Those of ``ids`` with a turn running or queued."""
-        return [sid for sid in ids if self.engine.scheduler.find(sid)[0] is not None]
+        return [sid for sid in ids if self.scheduler.find(sid)[0] is not None]
 
     def export(self, ids: Sequence[str]) -> tuple[Exported, SessionStates]:
         """Mark ``ids`` moving and export those with no turn, in one batch."""
         marked = self.mark(ids)
         slots = [self.sessions.sessions[sid] for sid in marked.exported]
-        leases = self.engine.leases.remaining([s.session_id for s in slots])
-        record = self.engine.transfer.export(slots, leases)
+        leases = self.leases.remaining([s.session_id for s in slots])
+        record = self.transfer.export(slots, leases)
         exported = tuple(meta.session_id for meta in record.sessions)  # resident ones first
         self.exported_total += len(exported)
         return Exported(exported, marked.busy, marked.missing), record
@@ -81,20 +94,20 @@ class SessionMoves:
                 self.sessions.release_session(sid, ReleaseReason.MIGRATED)
             else:
                 slot.moving_since = None
-        return self.engine.snapshot()
+        return self.snapshot()
 
     def import_(self, records: Sequence[SessionStates]) -> Imported:
         """Open the sessions of ``records`` here, with their state and stream leases."""
         opened, refused = [], {}
         for record in records:
-            slots, errors = self.engine.transfer.import_(record)
+            slots, errors = self.transfer.import_(record)
             for meta in record.sessions:
                 if meta.lease_s > 0 and meta.session_id not in errors:
-                    self.engine.leases.hold([meta.session_id], meta.lease_s)
-            opened += [self.engine.info(slot) for slot in slots]
+                    self.leases.hold([meta.session_id], meta.lease_s)
+            opened += [self.info(slot) for slot in slots]
             refused.update({sid: exc.to_actor_error() for sid, exc in errors.items()})
         self.imported_total += len(opened)
-        return Imported(tuple(opened), refused, self.engine.snapshot())
+        return Imported(tuple(opened), refused, self.snapshot())
 
     def expire(self) -> list[str]:
         """Drop marks older than ``MARK_TTL_S``; returns the sessions unmarked."""

@@ -32,7 +32,7 @@ from replica.pools.kv_pool import pages_for
 from replica.pools.state_copy import Places, StateCopier, StateTensors
 
 if TYPE_CHECKING:
-    from replica.sessions.session import SessionSlot
+    from replica.sessions.slot import SessionSlot
 
 RESTORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 

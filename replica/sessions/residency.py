@@ -32,7 +32,7 @@ from replica.pools.hybrid_pool import HybridReqToTokenPool, SeqSlots
 from replica.sessions.parking import Parker
 
 if TYPE_CHECKING:
-    from replica.sessions.session import SessionSlot
+    from replica.sessions.slot import SessionSlot
 
 
 class Residency:
