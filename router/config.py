@@ -64,6 +64,11 @@ class GatewayConfig:
     keepalive_s: float = setting(
         30.0, "ping idle gRPC connections this often; drop a peer that does not answer in as long"
     )
+    shutdown_grace_s: float = setting(
+        10.0,
+        "on SIGTERM, running calls get this long to finish before their streams are cut "
+        "(serve stops in about this plus 10 s whatever the replica count)",
+    )
 
     def __post_init__(self) -> None:
         if bool(self.tls_cert) != bool(self.tls_key):
@@ -72,6 +77,8 @@ class GatewayConfig:
             raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
         if self.keepalive_s <= 0:
             raise ValueError("--keepalive-s must be positive")
+        if self.shutdown_grace_s < 0:
+            raise ValueError("--shutdown-grace-s must be >= 0")
 
     @property
     def tls(self) -> bool:

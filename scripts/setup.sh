@@ -25,3 +25,15 @@ if [ ! -f "$stamp" ] || [ constraints.txt -nt "$stamp" ] || [ pyproject.toml -nt
     2> >(grep -v "Location 'file:.*' is ignored" >&2)
   touch "$stamp"
 fi
+# checkov (the manifests' security checks) pins versions the project's own conflict with, so it
+# gets a venv of its own inside .venv, pinned by constraints-checkov.txt.
+if [ -n "$extras" ]; then
+  ckv_stamp=".venv/checkov/.installed"
+  if [ ! -f "$ckv_stamp" ] || [ constraints-checkov.txt -nt "$ckv_stamp" ]; then
+    echo "[setup] installing checkov into .venv/checkov (pinned by constraints-checkov.txt)"
+    python3 -m venv .venv/checkov
+    .venv/checkov/bin/pip install --quiet --disable-pip-version-check -c constraints-checkov.txt \
+      checkov 2> >(grep -v "Location 'file:.*' is ignored" >&2)
+    touch "$ckv_stamp"
+  fi
+fi

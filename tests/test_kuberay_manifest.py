@@ -9,106 +9,19 @@ nullable are honoured, and list-type map/set items must be unique. CEL rules
 import copy
 from pathlib import Path
 
-import jsonschema
 import pytest
 import yaml
+
+from tests.support.k8s_schema import FORMATS, KubeValidator, Loader, served_schema, to_json_schema
 
 REPO = Path(__file__).resolve().parent.parent
 KUBERAY_DIR = REPO / "deploy" / "kuberay"
 CRD = REPO / "tests" / "schemas" / "ray.io_rayclusters.yaml"  # KubeRay's, vendored
 
 
-Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
 def load(name):
     with open(KUBERAY_DIR / name) as f:
         return yaml.load(f, Loader=Loader)
-
-
-def served_schema(crd, api_version):
-    group, version = api_version.split("/")
-    assert crd["spec"]["group"] == group, f"CRD is for group {crd['spec']['group']}, not {group}"
-    for v in crd["spec"]["versions"]:
-        if v["name"] == version:
-            assert v.get("served"), f"{api_version} is not served by this CRD"
-            return v["schema"]["openAPIV3Schema"]
-    pytest.fail(f"CRD has no version {version}")
-
-
-def to_json_schema(schema):
-    """Rewrites the Kubernetes dialect of OpenAPI v3 into plain JSON Schema, strictly."""
-    schema = copy.deepcopy(schema)
-
-    def fix(s):
-        if not isinstance(s, dict):
-            return
-        if s.get("x-kubernetes-int-or-string"):
-            s.pop("type", None)
-            s.setdefault("anyOf", [{"type": "integer"}, {"type": "string"}])
-        if s.get("nullable") and "type" in s:
-            s["type"] = [s["type"], "null"]
-        if (
-            s.get("type") == "object"
-            and "properties" in s
-            and "additionalProperties" not in s
-            and not s.get("x-kubernetes-preserve-unknown-fields")
-        ):
-            s["additionalProperties"] = False
-        for value in s.get("properties", {}).values():
-            fix(value)
-        for key in ("items", "additionalProperties"):
-            fix(s.get(key))
-        for key in ("anyOf", "allOf", "oneOf"):
-            for sub in s.get(key, []):
-                fix(sub)
-
-    fix(schema)
-    return schema
-
-
-def list_type(validator, value, instance, schema):
-    """x-kubernetes-list-type: `map` items are unique by their keys, `set` items are unique."""
-    if not isinstance(instance, list):
-        return
-    if value == "map":
-        keys = schema.get("x-kubernetes-list-map-keys", [])
-        props = schema.get("items", {}).get("properties", {})
-        seen = set()
-        for item in instance:
-            key = tuple(item.get(k, props.get(k, {}).get("default")) for k in keys)
-            if key in seen:
-                yield jsonschema.ValidationError(f"duplicate entry for list-map keys {keys}: {key}")
-            seen.add(key)
-    elif value == "set":
-        seen = []
-        for item in instance:
-            if item in seen:
-                yield jsonschema.ValidationError(f"duplicate entry in list-type set: {item!r}")
-            seen.append(item)
-
-
-FORMATS = jsonschema.FormatChecker()
-
-
-@FORMATS.checks("int32")
-def _int32(value):
-    return not isinstance(value, int) or -(2**31) <= value < 2**31
-
-
-@FORMATS.checks("int64")
-def _int64(value):
-    return not isinstance(value, int) or -(2**63) <= value < 2**63
-
-
-@FORMATS.checks("int-or-string")
-def _int_or_string(value):
-    return isinstance(value, (int, str))
-
-
-KubeValidator = jsonschema.validators.extend(
-    jsonschema.Draft7Validator, {"x-kubernetes-list-type": list_type}
-)
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +76,10 @@ def test_validation_catches_mistakes(raycluster, validator, breakage):
 def test_head_runs_serve_with_named_ports(raycluster, head_container):
     ports = {p["name"]: p["containerPort"] for p in head_container["ports"]}
     assert ports["grpc"] == 50051
-    assert ports["metrics"] == 9400
+    assert ports["sr-metrics"] == 9400
+    # `metrics` is the name KubeRay gives Ray's own metrics port: taking it for 9400 would make
+    # KubeRay skip Ray's and a Ray ServiceMonitor scrape session-router's instead.
+    assert ports["metrics"] == 8080
     for name in ("gcs-server", "dashboard", "client"):
         assert name in ports, f"head container lacks the usual Ray port {name}"
     assert len(set(ports.values())) == len(ports), "two head ports share a number"
@@ -225,7 +141,7 @@ def test_gateway_pods_join_the_cluster_and_offer_it_nothing(raycluster):
     script = " ".join(container.get("command", []) + container.get("args", []))
     assert "session-router gateway --address auto --host 0.0.0.0" in script
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports["grpc"] == 50051 and ports["metrics"] == 9400
+    assert ports["grpc"] == 50051 and ports["sr-metrics"] == 9400
 
 
 def test_serve_autoscales_within_the_gpu_groups_bounds(raycluster, head_container):
@@ -250,13 +166,13 @@ def test_service_and_podmonitor_target_every_gateway(raycluster, head_container)
     assert service["apiVersion"] == "v1" and service["kind"] == "Service"
     assert service["spec"]["selector"] == selector
     targets = {p["name"]: p["targetPort"] for p in service["spec"]["ports"]}
-    assert targets == {"grpc": "grpc", "metrics": "metrics"}
+    assert targets == {"grpc": "grpc", "sr-metrics": "sr-metrics"}
     assert set(targets.values()) <= port_names
 
-    monitor = load("podmonitor.yaml")
+    monitor = load("operator/podmonitor.yaml")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1" and monitor["kind"] == "PodMonitor"
     assert monitor["spec"]["selector"]["matchLabels"] == selector
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
-    assert endpoint["port"] == "metrics" and endpoint["port"] in port_names
+    assert endpoint["port"] == "sr-metrics" and endpoint["port"] in port_names
     job = [r for r in endpoint.get("relabelings", []) if r.get("targetLabel") == "job"]
     assert job and job[0]["replacement"] == "session-router", "alerts expect job=session-router"

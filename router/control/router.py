@@ -236,3 +236,7 @@ class SessionRouter(AdminCalls, ClusterCalls):
 
     async def session_count(self) -> int:
         return len(self.sessions)
+
+    async def pinned_sessions(self, replica_id: str) -> list[str]:
+        """The sessions the table pins to ``replica_id`` (an operator's view; sorted)."""
+        return self.sessions.sessions_of(replica_id)

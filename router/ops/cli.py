@@ -1,5 +1,5 @@
-"""The ``session-router`` command: ``serve``, ``gateway``, ``demo``, ``top``, ``drain`` and
-``resume``.
+"""The ``session-router`` command: ``serve``, ``gateway``, ``demo``, ``top``, ``drain``,
+``resume``, and the runbooks' per-replica steps ``sessions`` and ``restart``.
 
 The ``serve`` and ``gateway`` flags are generated from the settings dataclasses
 (``router.config``, ``replica.config``), so each has one default and one help text.
@@ -67,7 +67,7 @@ async def gateway(config: JoinConfig) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from router.ops import demo, drain, top
+    from router.ops import demo, drain, replica_tools, top
 
     parser = argparse.ArgumentParser(prog="session-router", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -81,6 +81,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         sub.add_parser("drain", help="drain replicas (admin), optionally moving their sessions")
     )
     drain.add_resume_arguments(sub.add_parser("resume", help="take a drained replica back"))
+    replica_tools.add_arguments(
+        sub.add_parser("sessions", help="a replica's sessions beside the router's pins")
+    )
+    replica_tools.add_arguments(
+        sub.add_parser("restart", help="replace a replica with a new, empty one"), restart=True
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -94,6 +100,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return drain.run_drain(args)
         if args.command == "resume":
             return drain.run_resume(args)
+        if args.command == "sessions":
+            return replica_tools.run_sessions(args)
+        if args.command == "restart":
+            return replica_tools.run_restart(args)
         return top.run_top(args.metrics_url, args.interval, 1 if args.once else None)
     except ValueError as exc:
         print(f"session-router: {exc}", file=sys.stderr)

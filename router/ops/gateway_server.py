@@ -88,7 +88,7 @@ class GatewayServer:
         """Stop taking calls, end the gateway's streams and background work, close /metrics.
         The cluster's actors are not this gateway's: they keep running."""
         if self.grpc is not None:
-            await self.grpc.stop(grace=1.0)
+            await self.grpc.stop(grace=self.config.shutdown_grace_s)
         if self.gateway is not None:
             await self.gateway.stop()
         if self.metrics is not None:

@@ -82,7 +82,10 @@ def prometheus_config(metrics_port: int, extra_rule_files: list[Path], interval:
     jobs[0].update(
         scrape_interval=interval,
         scrape_timeout=interval,
-        static_configs=[{"targets": [f"127.0.0.1:{metrics_port}"]}],
+        static_configs=[
+            {**static, "targets": [f"127.0.0.1:{metrics_port}"]}
+            for static in jobs[0].get("static_configs", [{}])
+        ],
     )
     rules = [str((PROMETHEUS_DIR / path).resolve()) for path in config.get("rule_files", [])]
     alerts = str((PROMETHEUS_DIR / "alerts.yml").resolve())

@@ -1,0 +1,98 @@
+"""``session-router sessions`` and ``session-router restart``: the runbooks' per-replica steps.
+
+    session-router sessions --replica ID [--namespace NS]
+    session-router restart --replica ID [--force] [--namespace NS]
+
+Both run on a node of the cluster (``kubectl exec`` into the head pod): they join Ray
+(``ray.init(address="auto")``, unless this process is already in it) and call the named actors
+of serve's Ray namespace. ``sessions`` lists what the replica holds beside what the router pins
+to it, marking an orphan (held, not pinned: it holds slots nobody can reach) and a lost session
+(pinned, not held). ``restart`` kills the replica actor; serve's supervisor replaces it with a new,
+empty one. It refuses while the replica holds sessions (drain it first with ``session-router drain
+--replica ID --migrate``) unless ``--force``, which hands them to failover (restored from their
+checkpoints). Exit status: 0 done, 1 refused, 2 no such replica.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TextIO
+
+import ray
+
+from replica.api import ActorError
+from router.config import NAMESPACE
+from router.control.router import ROUTER_NAME
+
+
+def join_cluster() -> None:
+    if not ray.is_initialized():
+        ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
+
+
+def replica_actor(args: argparse.Namespace, out: TextIO):
+    """The replica's actor handle (joining the cluster first), or None, said on ``out``, when
+    the cluster has no such replica."""
+    join_cluster()
+    try:
+        return ray.get_actor(args.replica, namespace=args.namespace)
+    except ValueError:
+        print(f"no replica {args.replica} in namespace {args.namespace}", file=out)
+        return None
+
+
+def run_sessions(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    replica = replica_actor(args, out)
+    if replica is None:
+        return 2
+    router = ray.get_actor(ROUTER_NAME, namespace=args.namespace)
+    held = ray.get(replica.list_sessions.remote(), timeout=60)
+    pinned = set(ray.get(router.pinned_sessions.remote(args.replica), timeout=60))
+    if isinstance(held, ActorError):
+        print(f"{args.replica} cannot list its sessions: {held}", file=out)
+        return 1
+    print(f"{'session':32}  {'tenant':16}  state", file=out)
+    for session_id in sorted(set(held) | pinned):
+        state = "ok"
+        if session_id not in pinned:
+            state = "ORPHAN (held, not pinned)"
+        elif session_id not in held:
+            state = "LOST (pinned, not held)"
+        print(f"{session_id:32}  {held.get(session_id, '-'):16}  {state}", file=out)
+    print(f"{len(held)} held, {len(pinned)} pinned", file=out)
+    return 0
+
+
+def run_restart(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    replica = replica_actor(args, out)
+    if replica is None:
+        return 2
+    if not args.force:
+        held = ray.get(replica.list_sessions.remote(), timeout=60)
+        if isinstance(held, ActorError) or held:
+            what = held if isinstance(held, ActorError) else f"holds {len(held)} sessions"
+            print(
+                f"{args.replica} {what}: move them first (session-router drain --replica "
+                f"{args.replica} --migrate), or --force to hand them to failover",
+                file=out,
+            )
+            return 1
+    ray.kill(replica, no_restart=True)
+    print(f"{args.replica}: stopped; serve replaces it with a new, empty replica", file=out)
+    return 0
+
+
+def add_arguments(parser: argparse.ArgumentParser, restart: bool = False) -> None:
+    parser.add_argument("--replica", required=True, help="the replica (see ListReplicas)")
+    parser.add_argument(
+        "--namespace", default=NAMESPACE, help=f"serve's Ray namespace (default {NAMESPACE})"
+    )
+    if restart:
+        parser.add_argument(
+            "--force",
+            action="store_true",
+            help="restart even while it holds sessions (failover restores them from checkpoints)",
+        )
