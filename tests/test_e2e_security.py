@@ -18,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from protos import session_router_pb2 as pb
 from router.client import SessionClient, tls_credentials
 from router.config import ServeConfig
+from router.ops import cli
 from tests.support.cluster import ServerThread, drain_stream, rpc_error, wait_for
 from tests.support.tls import CertificateAuthority
 
@@ -177,6 +178,25 @@ def test_resume_replica_undoes_a_drain(server, pki):
         )
         assert err.code() == Code.NOT_FOUND and err.details()
     server.wait_at_capacity()
+
+
+def test_the_drain_and_resume_commands_present_a_client_certificate(server, pki, capsys):
+    """What a worker's preStop hook runs when the gateway requires client certificates."""
+    target = sorted(r.replica_id for r in admin_replicas(server, pki))[0]
+    tls = ["--tls-ca", pki["ca"], "--api-key", ADMIN]
+    without = ["drain", "--grpc", server.address, "--replica", target, *tls]
+    assert cli.main(without) == 2  # refused at the handshake: no client certificate
+    assert "drain failed: UNAVAILABLE" in capsys.readouterr().out
+    mine = ["--tls-cert", pki["client"].cert, "--tls-key", pki["client"].key]
+    assert cli.main([*without, *mine]) == 0
+    states = {r.replica_id: r.state for r in admin_replicas(server, pki)}
+    assert states[target] == pb.REPLICA_STATE_DRAINING
+    resume = ["resume", "--grpc", server.address, "--replica", target, *tls, *mine]
+    assert cli.main(resume) == 0
+    states = {r.replica_id: r.state for r in admin_replicas(server, pki)}
+    assert states[target] == pb.REPLICA_STATE_HEALTHY
+    with pytest.raises(SystemExit, match="go together"):
+        cli.main([*without, "--tls-cert", pki["client"].cert])
 
 
 def test_a_dead_replica_cannot_be_resumed(server, pki):

@@ -83,7 +83,10 @@ def run_resume(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
 
 
 def _client(args: argparse.Namespace) -> SessionClient:
-    credentials = tls_credentials(args.tls_ca) if args.tls_ca else None
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise SystemExit("--tls-cert and --tls-key go together (the client certificate)")
+    tls = args.tls_ca or args.tls_cert
+    credentials = tls_credentials(args.tls_ca, args.tls_cert, args.tls_key) if tls else None
     key = args.api_key or os.environ.get(API_KEY_ENV)
     return SessionClient(args.grpc, key, credentials)
 
@@ -92,6 +95,11 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grpc", required=True, help="the gateway's gRPC address, HOST:PORT")
     parser.add_argument("--api-key", help=f"an admin API key (default: ${API_KEY_ENV})")
     parser.add_argument("--tls-ca", help="PEM CA bundle: connect over TLS, trusting it")
+    parser.add_argument(
+        "--tls-cert",
+        help="PEM client certificate, for a gateway that requires one (serve --tls-client-ca)",
+    )
+    parser.add_argument("--tls-key", help="PEM key of --tls-cert")
 
 
 def add_drain_arguments(parser: argparse.ArgumentParser) -> None:
