@@ -84,11 +84,11 @@ class ReplicaActor(SessionsAPI, TurnCalls, SessionMovesAPI, CheckpointsAPI):
 
             dispatch = self.outputs.dispatch
             if self.config.session_checkpoints:
-                pools = self.config.pools
-                capacity = pools.max_sessions + pools.max_parked_sessions
                 log_ = self.engine.checkpoints
                 outbox = self.checkpoint_outbox = CheckpointOutbox(
-                    dispatch, capacity, lambda on: setattr(log_, "enabled", on)
+                    dispatch,
+                    self.config.pools.max_open_sessions,
+                    lambda on: setattr(log_, "enabled", on),
                 )
                 self.engine.checkpoint_accounting = lambda: (outbox.pool_stats(), outbox.stats())
                 dispatch = outbox.dispatch

@@ -114,6 +114,11 @@ class PoolConfig:
         return self.max_parked_sessions > 0
 
     @property
+    def max_open_sessions(self) -> int:
+        """Sessions the replica can hold at once, on the GPU and parked (one checkpoint each)."""
+        return self.max_sessions + self.max_parked_sessions
+
+    @property
     def host_kv_pages(self) -> int:
         """Pages of the host KV pool: ``host_kv_tokens``, or by default a GPU session's KV share
         for every parked session (0 without parking)."""

@@ -10,9 +10,10 @@ from __future__ import annotations
 import ray
 
 from replica.actor import CheckpointStore, ReplicaActor
-from replica.api import PoolSnapshot, SamplingParams
+from replica.api import PoolSnapshot, PoolStats, SamplingParams
 from replica.config import PoolConfig, ReplicaConfig
 from tests.support.cluster import wait_for
+from tests.support.engine import make_engine
 
 POOLS = PoolConfig(max_sessions=4, kv_tokens=1024, max_context=256, max_parked_sessions=2)
 
@@ -62,3 +63,12 @@ def test_checkpoints_are_written_freed_and_a_leaked_one_shows(ray_cluster):
         ray.get(replica.close_sessions.remote(["b"]))
         ray.kill(replica)
         ray.kill(store)
+
+
+def test_the_checkpoints_pool_is_in_every_snapshot_from_the_first():
+    """Before a store has connected (or after it went), no checkpoint of the replica is stored
+    anywhere: the pool shows every slot free, so dashboards never see it come and go."""
+    engine = make_engine(POOLS)
+    assert engine.snapshot().pool("checkpoints") == PoolStats("checkpoints", 6, 6, 0, 0)
+    unchecked = make_engine(POOLS, session_checkpoints=False)
+    assert "checkpoints" not in {p.pool for p in unchecked.snapshot().pools}

@@ -207,10 +207,9 @@ class CheckpointOutbox:
 
     # ----- accounting -------------------------------------------------------------------------
 
-    def pool_stats(self) -> PoolStats | None:
-        """The ``checkpoints`` pool as of the last acknowledgement; None without a store."""
-        if not self.connected:
-            return None
+    def pool_stats(self) -> PoolStats:
+        """The ``checkpoints`` pool as of the last acknowledgement (all free while no store is
+        connected: none holds a checkpoint of this replica then)."""
         store_held, expected, _ = self._acked
         return PoolStats(CHECKPOINT_POOL, self.capacity, self.capacity - store_held, 0, expected)
 

@@ -25,6 +25,7 @@ import torch
 
 from replica.accounting import InvariantChecker, count_pools
 from replica.api import (
+    CHECKPOINT_POOL,
     CheckpointStats,
     FinishReason,
     PoolSnapshot,
@@ -103,8 +104,11 @@ class Engine(SessionOps):
             self.sessions.on_changed = self.checkpoints.changed
             self.sessions.on_released = self.checkpoints.released
         # the replica's checkpoint accounting (its store's acknowledgements): pool and totals
+        # (until the actor connects its store: every checkpoint slot free, or no such pool)
+        room = config.pools.max_open_sessions
+        unstored = PoolStats(CHECKPOINT_POOL, room, room, 0, 0) if self.checkpoints else None
         self.checkpoint_accounting: Callable[[], tuple[PoolStats | None, CheckpointStats]] = (
-            lambda: (None, CheckpointStats())
+            lambda: (unstored, CheckpointStats())
         )
         self.draining = False
         self._snapshot_seq = itertools.count(1)
