@@ -47,7 +47,8 @@ def replicas_to_drain(client: SessionClient, replica: str | None, node_id: str |
     ]
 
 
-def run_drain(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def run_drain(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout  # read at the call: a default bound at import would outlive a redirect
     with _client(args) as client:
         try:
             node = None if args.replica else this_node_id()
@@ -71,7 +72,8 @@ def run_drain(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     return 1 if left else 0
 
 
-def run_resume(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def run_resume(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
     with _client(args) as client:
         try:
             info = client.resume(args.replica)
