@@ -6,8 +6,9 @@ its environment, which it passes to its replica (non-strict, as in production), 
 leaks the session's 3 mamba slots and its KV page. Then: /metrics shows
 ``session_router_pool_leaked_slots`` with exactly the leaked count within seconds (so does
 AdminService.ListReplicas), and a real Prometheus loaded with deploy/prometheus/alerts.yml puts
-``MambaSlotsLeaked`` (mamba) and ``PoolAccountingMismatch`` (kv_tokens) into pending. The serve
-is stopped with SIGINT while sessions are open.
+``MambaSlotsLeaked`` (mamba) and ``PoolAccountingMismatch`` (kv_tokens) into pending, and the
+same rules with their ``for:`` cut to a second fire. The serve is stopped with SIGINT while
+sessions are open.
 """
 
 from __future__ import annotations
@@ -82,7 +83,9 @@ def leaks(serve) -> Leaks:
 
 @pytest.fixture(scope="module")
 def prom(serve, tmp_path_factory):
-    server = Prometheus.start(tmp_path_factory.mktemp("prometheus"), serve.metrics_port)
+    server = Prometheus.start(
+        tmp_path_factory.mktemp("prometheus"), serve.metrics_port, short_for=True
+    )
     try:
         yield server
     finally:
@@ -110,7 +113,7 @@ def test_metrics_show_exactly_the_leaked_slots_within_seconds(serve, leaks):
     assert not any(leaked.values()), f"pools the failpoints do not touch show a leak: {leaked}"
 
 
-def test_prometheus_puts_the_leak_alerts_into_pending(serve, prom, leaks):
+def test_prometheus_fires_the_leak_alerts(serve, prom, leaks):
     leaks.make(1)
     want = leaks.want
     # pending as soon as the rule's expression holds; firing only after its `for:` (minutes)
@@ -119,5 +122,11 @@ def test_prometheus_puts_the_leak_alerts_into_pending(serve, prom, leaks):
     prom.wait_alert(
         "PoolAccountingMismatch", states, want["kv_tokens"], replica="replica-0", pool="kv_tokens"
     )
+    # the same rules with their `for:` cut to a second fire, each with its exact leak
+    prom.wait_alert("MambaSlotsLeaked", {"firing"}, want["mamba"], short_for=True)
+    prom.wait_alert(
+        "PoolAccountingMismatch", {"firing"}, want["kv_tokens"], short_for=True, pool="kv_tokens"
+    )
     # the mamba leak pages once, as MambaSlotsLeaked, not also as an accounting mismatch
     assert not prom.alerts("PoolAccountingMismatch", pool="mamba")
+    assert not prom.alerts("PoolAccountingMismatch", short_for=True, pool="mamba")
