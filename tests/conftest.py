@@ -16,11 +16,15 @@ from __future__ import annotations
 import logging
 import os
 
-import pytest
-import ray
-from hypothesis import HealthCheck, settings
+from router.ops import ray_join
 
-from router.ops.serve import quiet_ray_start_up
+ray_join.prepare(None)  # before Ray is imported: the suite's local Ray stays on loopback
+
+import pytest  # noqa: E402
+import ray  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+from router.ops.serve import quiet_ray_start_up  # noqa: E402
 
 settings.register_profile(
     "ci",

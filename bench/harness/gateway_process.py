@@ -24,7 +24,9 @@ READY = "session-router: ready"
 
 class GatewayProcess:
     def __init__(self, namespace: str, *flags: str) -> None:
-        env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        # A user's fresh shell: none of this process's Ray variables (its token mode included).
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
         command = [
             *(sys.executable, "-m", "router.ops.cli", "gateway"),
             *("--address", ray.get_runtime_context().gcs_address, "--namespace", namespace),

@@ -2,7 +2,9 @@
 ``resume``, and the runbooks' per-replica steps ``sessions`` and ``restart``.
 
 The ``serve`` and ``gateway`` flags are generated from the settings dataclasses
-(``router.config``, ``replica.config``), so each has one default and one help text.
+(``router.config``, ``replica.config``), so each has one default and one help text. Ray's start-up
+settings depend on the command's ``--address`` and are read by Ray when it is imported, so this
+module imports nothing that imports Ray until ``ray_join.prepare`` has run.
 """
 
 from __future__ import annotations
@@ -17,9 +19,8 @@ from typing import Protocol
 
 from router.config import JoinConfig, ServeConfig
 from router.flags import add_arguments, from_arguments
-from router.ops.join import JoinedGateway, RouterNotFound
-from router.ops.scheduling import ReplicaStartError
-from router.ops.serve import Server
+from router.ops import demo, drain, ray_join, replica_tools, top
+from router.ops.ray_join import JoinError
 
 
 class Service(Protocol):
@@ -30,11 +31,14 @@ class Service(Protocol):
 
 async def run_until_stopped(service: Service, starting: str, stopping: str) -> int:
     """Start ``service``, print where it listens, run until SIGINT or SIGTERM, stop it."""
+    from router.ops.join import RouterNotFound
+    from router.ops.scheduling import ReplicaStartError
+
     stop = asyncio.Event()
     print(f"session-router: {starting}...", flush=True)
     try:
         await service.start()
-    except (ReplicaStartError, RouterNotFound) as exc:
+    except (ReplicaStartError, RouterNotFound, JoinError) as exc:
         print(f"session-router: {exc}", file=sys.stderr, flush=True)
         await service.stop()
         return 1
@@ -54,21 +58,30 @@ async def run_until_stopped(service: Service, starting: str, stopping: str) -> i
 
 
 async def serve(config: ServeConfig) -> int:
+    from router.ops.serve import Server
+
     model = config.replica.model_path or config.replica.model
     starting = f"starting Ray, the router and {config.replicas} replicas ({model})"
     return await run_until_stopped(Server(config), starting, "releasing sessions, stopping Ray")
 
 
 async def gateway(config: JoinConfig) -> int:
+    from router.ops.join import JoinedGateway
+
     joined = JoinedGateway(config)
     return await run_until_stopped(
         joined, f"joining the cluster at {config.address}", "the cluster and its sessions go on"
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from router.ops import demo, drain, replica_tools, top
+def ray_address(args: argparse.Namespace) -> str | None:
+    """The Ray cluster the command joins; None: it embeds its own (or uses no Ray)."""
+    if args.command == "drain" and not args.this_node:
+        return None
+    return getattr(args, "address", None)
 
+
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="session-router", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     add_arguments(sub.add_parser("serve", help="serve the gRPC session API"), ServeConfig)
@@ -89,6 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    ray_join.prepare(ray_address(args))
     try:
         if args.command == "serve":
             return asyncio.run(serve(from_arguments(ServeConfig, args)))
@@ -105,6 +119,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "restart":
             return replica_tools.run_restart(args)
         return top.run_top(args.metrics_url, args.interval, 1 if args.once else None)
+    except JoinError as exc:
+        print(f"session-router: {exc}", file=sys.stderr)
+        return 1
     except ValueError as exc:
         print(f"session-router: {exc}", file=sys.stderr)
         return 2

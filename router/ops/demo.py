@@ -24,9 +24,7 @@ from router.flags import add_arguments as add_serve_arguments
 from router.flags import from_arguments
 from router.ops.demo_parking import run_parking_phase
 from router.ops.demo_sessions import Stats, worker
-from router.ops.gateway_server import GatewayServer
 from router.ops.pool_table import render, rows_from_replicas
-from router.ops.serve import Server
 
 DEMO_DEFAULTS = ServeConfig.from_flags(
     replicas=2,
@@ -81,6 +79,9 @@ async def wait_back_at_capacity(client: AsyncSessionClient, timeout: float) -> l
 
 
 async def run_demo(args: argparse.Namespace) -> int:
+    from router.ops.gateway_server import GatewayServer  # import Ray after its settings (cli.py)
+    from router.ops.serve import Server
+
     config = from_arguments(ServeConfig, args, DEMO_DEFAULTS)
     pools = config.replica.pools
     print(

@@ -4,8 +4,8 @@
     session-router resume --grpc ADDR --replica ID
 
 ``--this-node`` drains every replica on the Ray node this command runs on (a Kubernetes preStop
-hook of a Ray worker pod): it joins the cluster (``ray.init(address="auto")``) only to learn its
-own node id, and compares it with each replica's ``ReplicaInfo.node_id``. The admin key comes
+hook of a Ray worker pod): it joins the cluster (``--address``, default auto) only to learn
+its own node id, and compares it with each replica's ``ReplicaInfo.node_id``. The admin key comes
 from ``--api-key`` or ``SESSION_ROUTER_API_KEY``. Exit status: 0 when every drained replica holds
 no session (or ``--migrate`` was not asked for), 1 when sessions are left, 2 on a refusal.
 """
@@ -26,11 +26,14 @@ API_KEY_ENV = "SESSION_ROUTER_API_KEY"
 DEADLINE_SLACK_S = 2.0  # the server answers a little before the call's deadline
 
 
-def this_node_id() -> str:
-    """The Ray node id of the machine this runs on (joins the running cluster to learn it)."""
+def this_node_id(address: str) -> str:
+    """The Ray node id of the machine this runs on (joins the cluster at ``address`` to learn
+    it)."""
+    from router.ops import ray_join
+
+    ray_join.connect(address, None, logging_level="ERROR", log_to_driver=False)
     import ray
 
-    ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
     try:
         return ray.get_runtime_context().get_node_id()
     finally:
@@ -51,7 +54,7 @@ def run_drain(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout  # read at the call: a default bound at import would outlive a redirect
     with _client(args) as client:
         try:
-            node = None if args.replica else this_node_id()
+            node = None if args.replica else this_node_id(args.address)
             ids = replicas_to_drain(client, args.replica, node)
             if not ids:
                 print(f"no live replica on this node ({node})", file=out)
@@ -110,6 +113,11 @@ def add_drain_arguments(parser: argparse.ArgumentParser) -> None:
     which.add_argument("--replica", help="the replica to drain (see ListReplicas)")
     which.add_argument(
         "--this-node", action="store_true", help="drain the replicas on this Ray node"
+    )
+    parser.add_argument(
+        "--address",
+        default="auto",
+        help="with --this-node: the Ray cluster to learn this node's id from (default: auto)",
     )
     parser.add_argument(
         "--migrate", action="store_true", help="move their sessions to the other replicas"

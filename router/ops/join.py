@@ -1,42 +1,30 @@
 """``session-router gateway --address ADDR``: one more gateway in front of a running cluster.
 
-It joins the cluster's Ray (the address ``serve`` prints) as a driver of its own, presenting
-Ray's auth token when one is at hand (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or
-~/.ray/auth_token), finds the router actor by name in the cluster's namespace, and serves gRPC
-and /metrics with the same gateway flags as ``serve`` (host, ports, TLS, API keys). It owns no
-actor: when it stops or dies, the cluster and every session go on (its Converse streams end with
-it, and its clients reconnect to another gateway, which continues their sessions).
+It joins the cluster's Ray (the address ``serve`` prints) as a driver of its own
+(``router.ops.ray_join``: Ray's token when one is at hand, a refused token said at once), finds
+the router actor by name in the cluster's namespace, and serves gRPC and /metrics with the same
+gateway flags as ``serve`` (host, ports, TLS, API keys). It owns no actor: when it stops or dies,
+the cluster and every session go on (its Converse streams end with it, and its clients reconnect
+to another gateway, which continues their sessions).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
-from pathlib import Path
 from typing import Any
 
 import ray
 
 from router.config import JoinConfig
 from router.control.router import ROUTER_NAME
+from router.ops import ray_join
 from router.ops.gateway_server import GatewayServer
 
 log = logging.getLogger(__name__)
 
 LOOK_EVERY_S = 0.5
-
-
-def present_ray_token() -> None:
-    """Join with Ray's token authentication when a token is at hand: Ray enables it on the
-    clusters it starts (serve's embedded one included), but never for an explicit address.
-    ``RAY_AUTH_MODE`` set in the environment wins."""
-    if "RAY_AUTH_MODE" in os.environ:
-        return
-    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token"
-    if os.environ.get("RAY_AUTH_TOKEN") or Path(path).is_file():
-        os.environ["RAY_AUTH_MODE"] = "token"
 
 
 class RouterNotFound(Exception):
@@ -75,12 +63,8 @@ class JoinedGateway:
     async def start(self) -> None:
         cfg = self.config
         if not ray.is_initialized():
-            present_ray_token()
-            ray.init(
-                address=cfg.address,
-                namespace=cfg.namespace,
-                log_to_driver=False,
-                logging_level=logging.WARNING,
+            ray_join.connect(
+                cfg.address, cfg.namespace, log_to_driver=False, logging_level=logging.WARNING
             )
             self._joined = True
         router = await find_router(cfg.namespace, cfg.router_wait_s)

@@ -1,12 +1,12 @@
 """``session-router sessions`` and ``session-router restart``: the runbooks' per-replica steps.
 
-    session-router sessions --replica ID [--namespace NS]
-    session-router restart --replica ID [--force] [--namespace NS]
+    session-router sessions --replica ID [--namespace NS] [--address ADDR]
+    session-router restart --replica ID [--force] [--namespace NS] [--address ADDR]
 
 Both run on a node of the cluster (``kubectl exec`` into the head pod): they join Ray
-(``ray.init(address="auto")``, unless this process is already in it) and call the named actors
-of serve's Ray namespace. ``sessions`` lists what the replica holds beside what the router pins
-to it, marking an orphan (held, not pinned: it holds slots nobody can reach) and a lost session
+(``--address``, default auto, unless this process is already in it) and call the named
+actors of serve's Ray namespace. ``sessions`` lists what the replica holds beside what the router
+pins to it, marking an orphan (held, not pinned: it holds slots nobody can reach) and a lost session
 (pinned, not held). ``restart`` kills the replica actor; serve's supervisor replaces it with a new,
 empty one. It refuses while the replica holds sessions (drain it first with ``session-router drain
 --replica ID --migrate``) unless ``--force``, which hands them to failover (restored from their
@@ -19,22 +19,25 @@ import argparse
 import sys
 from typing import TextIO
 
-import ray
-
-from replica.api import ActorError
 from router.config import NAMESPACE
-from router.control.router import ROUTER_NAME
+from router.ops import ray_join
+
+# Ray and what imports it are imported in the calls: Ray's settings are settled first (cli.py).
 
 
-def join_cluster() -> None:
+def join_cluster(address: str, namespace: str) -> None:
+    import ray
+
     if not ray.is_initialized():
-        ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
+        ray_join.connect(address, namespace, logging_level="ERROR", log_to_driver=False)
 
 
 def replica_actor(args: argparse.Namespace, out: TextIO):
     """The replica's actor handle (joining the cluster first), or None, said on ``out``, when
     the cluster has no such replica."""
-    join_cluster()
+    import ray
+
+    join_cluster(args.address, args.namespace)
     try:
         return ray.get_actor(args.replica, namespace=args.namespace)
     except ValueError:
@@ -43,6 +46,11 @@ def replica_actor(args: argparse.Namespace, out: TextIO):
 
 
 def run_sessions(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    import ray
+
+    from replica.api import ActorError
+    from router.control.router import ROUTER_NAME
+
     out = out or sys.stdout
     replica = replica_actor(args, out)
     if replica is None:
@@ -66,6 +74,10 @@ def run_sessions(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 
 def run_restart(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    import ray
+
+    from replica.api import ActorError
+
     out = out or sys.stdout
     replica = replica_actor(args, out)
     if replica is None:
@@ -87,6 +99,9 @@ def run_restart(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser, restart: bool = False) -> None:
     parser.add_argument("--replica", required=True, help="the replica (see ListReplicas)")
+    parser.add_argument(
+        "--address", default="auto", help="the Ray cluster serve runs on (default: auto)"
+    )
     parser.add_argument(
         "--namespace", default=NAMESPACE, help=f"serve's Ray namespace (default {NAMESPACE})"
     )

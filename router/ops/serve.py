@@ -7,12 +7,12 @@ gateway --address ADDR`` (the Ray address serve prints, ``router.ops.join``), an
 any session, and a gateway's death loses no session. This process owns the actors: it starts
 them, replaces dead replicas and stops them on SIGINT or SIGTERM.
 
-Without ``address`` an embedded local Ray instance is started on loopback; ``address="auto"``
-joins a running cluster. Replica actors ask for ``replica_gpus`` GPUs each, or CPU replicas for a
-share of the cluster's CPUs (``router.ops.scheduling``); start-up fails with a report rather than
-waiting forever for replicas that cannot be scheduled. Once up, ``ReplicaSupervisor`` replaces
-dead replicas. gRPC and metrics listen on ``--host`` (loopback by default); with ``--tls-cert``
-gRPC serves TLS only.
+Without ``address`` a new embedded local Ray instance is started, every port on loopback;
+``address="auto"`` or ``HOST:PORT`` joins a running cluster (``router.ops.ray_join``).
+Replica actors ask for ``replica_gpus`` GPUs each, or CPU replicas for a share of the cluster's
+CPUs (``router.ops.scheduling``); start-up fails with a report rather than waiting forever for
+replicas that cannot be scheduled. Once up, ``ReplicaSupervisor`` replaces dead replicas. gRPC and
+metrics listen on ``--host`` (loopback by default); with ``--tls-cert`` gRPC serves TLS only.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from router.config import ServeConfig
 from router.control.router import ROUTER_NAME, SessionRouter
 from router.gateway.gateway import Gateway
 from router.gateway.router_client import RouterClient
+from router.ops import ray_join
 from router.ops.autoscaler import Autoscaler
 from router.ops.checkpoint_stores import start_store
 from router.ops.gateway_server import GatewayServer
@@ -110,7 +111,7 @@ class Server:
     def listening(self) -> list[str]:
         """What ``serve`` prints once ready: where gRPC, metrics and Ray really listen (one
         address per line, for scripts), then what protects them."""
-        ray_kind = "embedded" if self._started_ray else "joined"
+        ray_kind = "joined" if self.config.address else "embedded"
         return [
             *self.front.listening(),
             f"Ray at {self.ray_address} ({ray_kind}; more gateways: session-router gateway "
@@ -121,19 +122,14 @@ class Server:
     async def start(self) -> None:
         cfg = self.config
         if not ray.is_initialized():
-            kwargs = {
-                "namespace": cfg.namespace,
-                "include_dashboard": False,
-                "log_to_driver": True,
-                "logging_level": logging.WARNING,
-            }
-            if cfg.address:
-                kwargs["address"] = cfg.address
-            else:  # the embedded instance stays on loopback where Ray allows it
-                kwargs["_node_ip_address"] = "127.0.0.1"
-                kwargs["dashboard_host"] = "127.0.0.1"
             quiet_ray_start_up()
-            ray.init(**kwargs)
+            ray_join.connect(
+                cfg.address,
+                cfg.namespace,
+                include_dashboard=False,
+                log_to_driver=True,
+                logging_level=logging.WARNING,
+            )
             self._started_ray = True
         self.router = (
             ray.remote(SessionRouter)

@@ -27,6 +27,13 @@ REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
 
+def user_env(**extra: str) -> dict[str, str]:
+    """The environment of a user's fresh shell: this one without Ray's variables (the test
+    process's own Ray sets some, which a user's terminal would not have)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    return {**env, "PYTHONUNBUFFERED": "1", **extra}
+
+
 def tail(path: Path, chars: int = 6000) -> str:
     try:
         text = path.read_text(errors="replace")
@@ -101,7 +108,7 @@ class ServeProcess:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                env=user_env(**(env or {})),
                 start_new_session=True,
             )
         ready = re.compile(r"^session-router: ready\b", re.M)
