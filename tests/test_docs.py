@@ -40,9 +40,7 @@ def slug(heading: str) -> str:
     hyphens and underscores), spaces as hyphens."""
     text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link keeps its text
     text = text.replace("`", "").strip().lower()
-    kept = "".join(
-        c for c in text if c in " -_" or unicodedata.category(c)[0] in ("L", "N")
-    )
+    kept = "".join(c for c in text if c in " -_" or unicodedata.category(c)[0] in ("L", "N"))
     return kept.replace(" ", "-")
 
 
@@ -83,9 +81,7 @@ def repository_files() -> list[Path]:
     except (OSError, subprocess.CalledProcessError):
         skip = {".git", ".venv", "__pycache__", "build", "dist"}
         return [
-            p
-            for p in ROOT.rglob("*")
-            if p.is_file() and not skip & set(p.relative_to(ROOT).parts)
+            p for p in ROOT.rglob("*") if p.is_file() and not skip & set(p.relative_to(ROOT).parts)
         ]
     names = [name for name in listed.decode().split("\0") if name]
     return [ROOT / name for name in names if (ROOT / name).is_file()]
