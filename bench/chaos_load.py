@@ -23,7 +23,7 @@ from router.client import AsyncSessionClient, generate_request
 
 SAFETY_S = 60.0  # no call should take this long: one that does is hung
 VOCAB = 384  # tiny-bamba
-DOCUMENTED = {  # DESIGN's status codes, plus what a client's own cancel and deadline give
+DOCUMENTED = {  # docs/api.md's status codes, plus what a client's own cancel and deadline give
     "OK",
     "CANCELLED",
     "DEADLINE_EXCEEDED",

@@ -1,4 +1,4 @@
-"""End to end: the security defaults (DESIGN "Security defaults"). Issue 8: gRPC bound every
+"""End to end: the security defaults (docs/security.md). Issue 8: gRPC bound every
 interface by default while the start-up line printed 127.0.0.1, there was no TLS, any tenant key
 could drain every replica and a drain could not be undone.
 

@@ -1,4 +1,4 @@
-"""End to end: every status code of DESIGN.md, each produced by the input that should produce it,
+"""End to end: every status code of docs/api.md, each produced by the input that should produce it,
 each with a message; CloseSession idempotence, GetSession, health and reflection.
 
 The module's server has API keys on (tenants alice and bob, and an admin key, from a keys file).

@@ -1,4 +1,5 @@
-"""The /metrics exposition: DESIGN's names and labels, values from real snapshots, promtool."""
+"""The /metrics exposition: docs/observability.md's names and labels, values from real
+snapshots, promtool."""
 
 from __future__ import annotations
 

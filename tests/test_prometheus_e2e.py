@@ -57,7 +57,7 @@ SERVE_ARGS = [
     "512",
     "--max-parked-sessions",
     str(MAX_PARKED),
-    # Tests run strict (DESIGN.md, accounting); a short open timeout makes the forced
+    # Tests run strict (docs/contract.md, invariants); a short open timeout makes the forced
     # RESOURCE_EXHAUSTED (for the "Opens rejected" panel) cost 1 s instead of 10.
     "--strict",
     "--open-timeout-s",
@@ -77,7 +77,7 @@ def serve(tmp_path_factory):
     try:
         yield server
     finally:
-        # DESIGN.md, Command line: SIGTERM with sessions open releases them and stops Ray.
+        # docs/contract.md, Command line: SIGTERM with sessions open releases them and stops Ray.
         stop_with_sessions_open(server, signal.SIGTERM)
 
 

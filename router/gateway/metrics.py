@@ -1,4 +1,4 @@
-"""The Prometheus exporter of the `serve` process (metric names per DESIGN.md "Metrics").
+"""The Prometheus exporter of the `serve` process (metric names: docs/observability.md).
 
 ``ClusterCollector`` turns the router's cached ``ReplicaView``s into per-replica metric families on
 every scrape; it never calls an actor, so a scrape costs only the ``views_fn`` call. Series carry

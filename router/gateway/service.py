@@ -1,5 +1,5 @@
 """The gRPC services of a gateway: ``SessionService`` and ``AdminService`` over grpc.aio, plus
-health and reflection. Status codes and messages follow DESIGN.md; every refusal says what to do.
+health and reflection. Status codes and messages follow docs/api.md; every refusal says what to do.
 
 A Generate turn is one actor call to submit; its chunks arrive through the replica's output
 stream (``router.gateway.delivery``). If the client cancels or its deadline passes before the last

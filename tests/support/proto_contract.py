@@ -1,11 +1,12 @@
 """The released wire contract of ``session_router.v1`` and the check that the proto keeps it.
 
 ``tests/data/session_router.v1.released.textproto`` is the ``FileDescriptorProto`` of the API as
-released (DESIGN.md: field numbers are stable once released). ``contract_breaks`` lists every way
-the current proto breaks it: a service, method, message, field, enum or enum value that is gone,
-renamed or renumbered, a field whose type, label or oneof changed, a method whose types or
-streaming changed. Additions are allowed. When a new version of the API is released, record it:
-``python -m tests.support.proto_contract`` rewrites the file from the generated modules.
+released (docs/contract.md: field numbers are stable once released). ``contract_breaks``
+lists every way the current proto breaks it: a service, method, message, field, enum or enum
+value that is gone, renamed or renumbered, a field whose type, label or oneof changed, a method
+whose types or streaming changed. Additions are allowed. When a new version of the API is
+released, record it: ``python -m tests.support.proto_contract`` rewrites the file from the
+generated modules.
 """
 
 from __future__ import annotations
