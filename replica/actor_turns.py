@@ -12,6 +12,7 @@ A mixin: it uses the actor's ``engine``, ``tokenizer``, ``outputs``, ``_call``,
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import ray
@@ -28,7 +29,16 @@ class TurnCalls:
         self, gateway_id: str, turns: list[TurnArgs]
     ) -> list[int | ActorError] | ActorError:
         """Queue turns, each ``(session_id, text, token_ids, sampling)`` (text or tokens);
-        each result is its turn id or its refusal. Their events go to ``gateway_id``'s stream."""
+        each result is its turn id or its refusal. Their events go to ``gateway_id``'s stream.
+        Text is tokenised on a worker thread: a long text must not hold up the actor's event
+        loop, which answers health probes and pushes snapshots."""
+        if any(text is not None for _, text, _, _ in turns):
+            inputs = await asyncio.to_thread(self._turn_inputs, turns)
+        else:
+            inputs = self._turn_inputs(turns)
+        return await self._call(submit_batch, self.engine, gateway_id, inputs)
+
+    def _turn_inputs(self, turns: list[TurnArgs]) -> list:
         inputs = []
         for session_id, text, token_ids, sampling in turns:
             if text is not None and token_ids is not None:
@@ -37,7 +47,7 @@ class TurnCalls:
                 continue
             ids = self.tokenizer.encode(text) if text is not None else list(token_ids or [])
             inputs.append((session_id, ids, sampling))
-        return await self._call(submit_batch, self.engine, gateway_id, inputs)
+        return inputs
 
     async def submit_turn(
         self,

@@ -13,6 +13,10 @@ exists to catch:
 - ``drop_snapshots``: the replica stops pushing snapshots; caught by stale-snapshot detection.
 - ``leak_checkpoint_on_release``: a released session's checkpoint is not freed in its replica's
   checkpoint store; caught by the ``checkpoints`` pool's ``leaked`` count (/metrics, alerts).
+- ``park_copy_fails`` / ``park_host_alloc_fails``: a GPU<->host state copy / host-slot
+  allocation of parking raises, once: the first, or the N-th with ``park_copy_fails:N``; the park,
+  restore or swap rolls back, the turn that needed it fails, no session loses its state
+  (``replica.sessions.parking``).
 """
 
 from __future__ import annotations
@@ -27,16 +31,33 @@ NAMES = (
     "engine_step_raises",
     "drop_snapshots",
     "leak_checkpoint_on_release",
+    "park_copy_fails",
+    "park_host_alloc_fails",
 )
 
 
 def parse(value: str) -> frozenset[str]:
-    """The failpoints named in a comma-separated ``value``; unknown names raise ``ValueError``."""
+    """The failpoints named in a comma-separated ``value`` (``name`` or ``name:N``); unknown
+    names raise ``ValueError``."""
     names = frozenset(n.strip() for n in value.split(",") if n.strip())
-    unknown = sorted(names - set(NAMES))
+    unknown = sorted(n for n in names if n.split(":")[0] not in NAMES or not _count_ok(n))
     if unknown:
         raise ValueError(f"unknown failpoints {unknown} in {ENV_VAR}; known: {', '.join(NAMES)}")
     return names
+
+
+def _count_ok(name: str) -> bool:
+    return ":" not in name or name.split(":", 1)[1].isdigit() and int(name.split(":", 1)[1]) > 0
+
+
+def occurrence(names: frozenset[str], name: str) -> int | None:
+    """Which occurrence of its fault ``name`` fires on (``name:N``: the N-th; ``name``: the
+    first); None when it is not set."""
+    for entry in names:
+        base, _, n = entry.partition(":")
+        if base == name:
+            return int(n) if n else 1
+    return None
 
 
 def from_env(environ: Mapping[str, str] = os.environ) -> frozenset[str]:

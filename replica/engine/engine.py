@@ -79,7 +79,7 @@ class Engine(SessionOps):
             config.session_idle_timeout_s,
             clock=clock,
             failpoints=config.failpoints,
-            parker=Parker.build(self.pool, model.cfg, config.pools),
+            parker=Parker.build(self.pool, model.cfg, config.pools, config.failpoints),
         )
         self.scheduler = Scheduler(
             self.pool, self.sessions, config.max_prefill_chunk, config.max_batch_tokens

@@ -12,14 +12,22 @@ others within the step's token budget.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from dataclasses import dataclass, field
 
-from replica.api import PoolExhaustedError
+from replica.api import PoolExhaustedError, ReplicaError
 from replica.pools.hybrid_pool import HybridReqToTokenPool
 from replica.pools.kv_pool import KVTokenPool
 from replica.sessions.request import Req
 from replica.sessions.session import SessionSlot, StreamingSession
+
+log = logging.getLogger(__name__)
+
+
+class AdmissionError(ReplicaError):
+    """Making room for a turn failed (a park, restore or swap raised): that turn fails, the
+    sessions involved stay where they were (the parker rolls back), the engine goes on."""
 
 
 def turn_reservation(req: Req, committed_len: int, pending: int) -> int:
@@ -73,17 +81,25 @@ class Scheduler:
     def add(self, req: Req) -> None:
         self.waiting.append(req)
 
-    def admit(self) -> list[tuple[Req, PoolExhaustedError]]:
+    def admit(self) -> list[tuple[Req, ReplicaError]]:
         """Admit waiting turns in order while GPU room can be made for them (a parked session is
         restored, idle ones parked as needed: ``Residency.room_for_turn``); returns the turns
-        refused."""
+        refused, with why. An error while making room refuses that turn only."""
         refused = []
         kv = self.pool.kv_pool
         while self.waiting:
             req = self.waiting[0]
             slot = self.sessions.get(req.session_id)
             target = turn_reservation(req, slot.committed_len, len(slot.pending_ids))
-            if not self.sessions.residency.room_for_turn(slot, target):
+            try:
+                room = self.sessions.residency.room_for_turn(slot, target)
+            except Exception as exc:  # noqa: BLE001 - one turn's failure, not the engine's
+                log.exception("making room for a turn of session %s failed", req.session_id)
+                self.waiting.popleft()
+                why = f"the replica could not make room for this turn ({exc}); retry the turn"
+                refused.append((req, AdmissionError(why)))
+                continue
+            if not room:
                 if self.running:
                     break  # running turns will free room when they end
                 self.waiting.popleft()

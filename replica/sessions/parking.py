@@ -9,9 +9,14 @@ This is the mechanism; which sessions park, and when, is ``StreamingSession``'s 
   written at the start of every turn), then the host slots are freed.
 - ``swap(victims, restorees)``: both at once when the host has room for the victims only once the
   restorees have left it; the victims' state waits in a transient host copy meanwhile.
-Every method checks room before it changes anything (``PoolExhaustedError``), and a copy that
-fails gives back what it had taken. Restored state is bit-identical: the bytes are copied, never
-converted.
+Every method checks room before it changes anything (``PoolExhaustedError``), allocates before
+it frees and copies before it switches a session's record, and any step that fails (an
+allocation, a copy) rolls back what the method had done: each session's state is afterwards in
+exactly one place, the one it was in before. Restored state is bit-identical: the bytes are
+copied, never converted.
+
+Failpoints (``replica.failpoints``), each firing once: ``park_copy_fails`` (the next GPU<->host
+state copy raises) and ``park_host_alloc_fails`` (the next host-slot allocation raises).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import torch
 
 from replica.api import PoolExhaustedError
 from replica.config import PoolConfig
+from replica.failpoints import occurrence as failpoints_occurrence
 from replica.histogram import LatencyHistogram
 from replica.model.config import ModelConfig
 from replica.pools.host_pool import HostPools, HostSlots
@@ -37,8 +43,18 @@ if TYPE_CHECKING:
 RESTORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
+class ParkingFault(RuntimeError):
+    """A fault a failpoint injected into parking."""
+
+
 class Parker:
-    def __init__(self, pool: HybridReqToTokenPool, host: HostPools, copier: StateCopier) -> None:
+    def __init__(
+        self,
+        pool: HybridReqToTokenPool,
+        host: HostPools,
+        copier: StateCopier,
+        failpoints: frozenset[str] = frozenset(),
+    ) -> None:
         self.pool = pool
         self.host = host
         self.copier = copier
@@ -49,16 +65,36 @@ class Parker:
         self.restores_total = 0
         self.restore_seconds = LatencyHistogram(RESTORE_BUCKETS)
         self.bytes_moved = 0
+        # fault name -> how many more of its operations run before it fires
+        self._faults = {
+            name: n - 1
+            for name in ("park_copy_fails", "park_host_alloc_fails")
+            if (n := failpoints_occurrence(failpoints, name)) is not None
+        }
 
     @classmethod
     def build(
-        cls, pool: HybridReqToTokenPool, model: ModelConfig, pools: PoolConfig
+        cls,
+        pool: HybridReqToTokenPool,
+        model: ModelConfig,
+        pools: PoolConfig,
+        failpoints: frozenset[str] = frozenset(),
     ) -> Parker | None:
         """The parker of a replica's pools: its host tier and copier; None without parking."""
         if not pools.parking:
             return None
         cuda = torch.device(pools.device).type == "cuda"
-        return cls(pool, HostPools(model, pools), StateCopier(cuda))
+        return cls(pool, HostPools(model, pools), StateCopier(cuda), failpoints)
+
+    def _fault(self, name: str) -> None:
+        left = self._faults.get(name)
+        if left is None:
+            return
+        if left > 0:
+            self._faults[name] = left - 1
+            return
+        del self._faults[name]
+        raise ParkingFault(f"failpoint {name}")
 
     # ----- room -------------------------------------------------------------------------------
 
@@ -76,13 +112,13 @@ class Parker:
 
     def open_on_host(self) -> HostSlots:
         """Host slots for a new session (zero state, no KV): it is born parked."""
-        return self.host.alloc([0], zeroed=True)[0]
+        return self._host_alloc([0], zeroed=True)[0]
 
     def park(self, slots: Sequence[SessionSlot]) -> None:
         """GPU -> host for idle resident sessions; then their GPU slots are freed."""
         if not slots:
             return
-        host = self.host.alloc([self._pages(s) for s in slots])
+        host = self._host_alloc([self._pages(s) for s in slots])
         try:
             self._copy(self.gpu_state, self._gpu_places(slots), self.host_state, _places(host))
         except BaseException:
@@ -121,7 +157,9 @@ class Parker:
     ) -> None:
         """Park ``victims`` and restore ``restorees`` when the GPU has room for the restorees
         only once the victims have left it, and the host has room for the victims only once
-        the restorees have left it. If the restore fails, the victims go back to the GPU."""
+        the restorees have left it. The victims' state waits in a transient host copy
+        meanwhile; if any later step fails, the restorees are parked again and the victims go
+        back to the GPU from that copy."""
         pages = [self._pages(s) for s in victims]
         if not self._swap_fits(victims, pages, restorees):
             raise PoolExhaustedError(
@@ -132,16 +170,30 @@ class Parker:
         self._copy(self.gpu_state, self._gpu_places(victims), held, dense)
         self._free_gpu(victims)
         try:
-            self.restore(restorees, since)
+            self.restore(restorees, since)  # on failure it undid itself: restorees still parked
         except BaseException:
-            self._take_gpu(victims)
-            self._copy(held, dense, self.gpu_state, self._gpu_places(victims))
+            self._back_to_gpu(victims, held, dense)
             raise
-        host = self.host.alloc(pages)
-        self._copy(held, dense, self.host_state, _places(host))
+        try:
+            host = self._host_alloc(pages)
+            try:
+                self._copy(held, dense, self.host_state, _places(host))
+            except BaseException:
+                self.host.free(host)
+                raise
+        except BaseException:
+            self.park(restorees)
+            self.parks_total -= len(restorees)  # an undo, not a park
+            self._back_to_gpu(victims, held, dense)
+            raise
         for slot, place in zip(victims, host):
             slot.host = place
         self.parks_total += len(victims)
+
+    def _back_to_gpu(self, victims: Sequence[SessionSlot], held: StateTensors, at: Places) -> None:
+        """Victims of a swap that failed return to fresh GPU slots from their transient copy."""
+        self._take_gpu(victims)
+        self._copy(held, at, self.gpu_state, self._gpu_places(victims))
 
     def _swap_fits(
         self, victims: Sequence[SessionSlot], pages: list[int], restorees: Sequence[SessionSlot]
@@ -188,7 +240,12 @@ class Parker:
         return Places(torch.tensor([s.seq.mamba_pool_idx for s in slots]), pages)
 
     def _copy(self, src: StateTensors, at: Places, dst: StateTensors, to: Places) -> None:
+        self._fault("park_copy_fails")
         self.bytes_moved += self.copier.copy_state(src, at, dst, to)
+
+    def _host_alloc(self, page_counts: list[int], zeroed: bool = False) -> list[HostSlots]:
+        self._fault("park_host_alloc_fails")
+        return self.host.alloc(page_counts, zeroed)
 
 
 def _places(host: Sequence[HostSlots]) -> Places:
