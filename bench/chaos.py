@@ -1,13 +1,19 @@
-"""Fault-injection soak: thousands of misbehaving sessions while replicas and the router are
-SIGKILLed at random times; then the cluster must heal with nothing leaked.
+"""Fault-injection soak: thousands of misbehaving sessions while replicas, the router and
+checkpoint stores are SIGKILLed, replicas SIGSTOPped, and migrations and drains lose their
+replicas part-way, at random times; then the cluster must heal with nothing lost, doubled or
+leaked.
 
-    .venv/bin/python -m bench.chaos --sessions 2000 --replica-kills 4 --router-kills 2
+    .venv/bin/python -m bench.chaos --sessions 2000 --replica-kills 4 --router-kills 2 \
+        --store-kills 2 --replica-stops 2 --migration-kills 2 --drain-kills 1
 
 It starts a cluster in-process (``Server``, embedded Ray unless one is running), runs
 ``--sessions`` sessions from ``--concurrency`` asyncio clients (``bench/chaos_load.py``: client
 cancels, deadlines, bad inputs, barge-ins, abandoned sessions), and SIGKILLs a random replica or
-the router when the sessions finished cross random fractions of the run. At the end it checks:
-every session completed or ended with a documented status code and no call hung; the cluster is
+the router (and the other faults, ``bench/chaos_faults.py``) when the sessions finished cross
+random fractions of the run. At the end it checks: no session was lost (ended ABORTED: its state
+gone, which checkpoints exist to prevent) or doubled (held by two replicas at once, beyond a
+migration's moment); every session completed or ended with a documented status code and no call
+hung; the cluster is
 back to ``--replicas`` healthy replicas; every live replica's pools are at capacity with 0
 leaked; the router's table is empty; /metrics lists the live replicas only. It prints the figures
 (sessions, faults, codes, time to heal) and exits 1 if a check failed. Self-contained for now
@@ -30,8 +36,9 @@ from dataclasses import dataclass, field
 
 import ray
 
-from bench.chaos_faults import Cluster, faults
-from bench.chaos_load import DOCUMENTED, Tally, session
+from bench.chaos_faults import KINDS, Cluster, faults, watch_doubles
+from bench.chaos_load import DOCUMENTED, SAFETY_S, Tally, session, unary
+from protos import session_router_pb2 as pb
 from replica.api import PoolSnapshot
 from router.client import AsyncSessionClient
 from router.config import ServeConfig
@@ -45,6 +52,10 @@ class ChaosConfig:
     replicas: int = 2
     replica_kills: int = 4
     router_kills: int = 2
+    store_kills: int = 2
+    replica_stops: int = 2
+    migration_kills: int = 2
+    drain_kills: int = 1
     seed: int = 0
     heal_timeout_s: float = 120.0
 
@@ -53,7 +64,8 @@ class ChaosConfig:
 class ChaosReport:
     config: ChaosConfig
     tally: Tally = field(default_factory=Tally)
-    heal_s: dict[str, list[float]] = field(default_factory=lambda: {"replica": [], "router": []})
+    heal_s: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in KINDS})
+    doubled: set[str] = field(default_factory=set)
     seconds: float = 0.0
     replaced: int = 0
     problems: list[str] = field(default_factory=list)
@@ -68,15 +80,17 @@ class ChaosReport:
             s = self.heal_s[kind]
             return f"{kind} p50 {statistics.median(s):.1f} s, max {max(s):.1f} s" if s else kind
 
+        made = ", ".join(f"{len(self.heal_s[k])} {FAULT_NAMES[k]}" for k in KINDS)
         return [
             f"chaos: {c.sessions} sessions from {c.concurrency} clients on {c.replicas} replicas "
             f"(seed {c.seed}) in {self.seconds:.0f} s",
-            f"faults: {len(self.heal_s['replica'])} replica SIGKILLs, "
-            f"{len(self.heal_s['router'])} router SIGKILLs, {codes(t.faults)}",
+            f"faults: {made}; clients: {codes(t.faults)}",
             f"sessions ended: {codes(t.sessions)}",
+            f"sessions lost {self.lost}, doubled {len(self.doubled)}",
             f"calls: {sum(t.calls.values())} ({codes(t.calls)}); hung: {t.hung}",
-            f"time to heal (kill -> {c.replicas} healthy replicas): {heal('replica')}; "
-            f"{heal('router')}; {self.replaced} replacement replicas started",
+            f"time to heal (fault -> {c.replicas} healthy replicas): "
+            + "; ".join(heal(k) for k in KINDS if self.heal_s[k])
+            + f"; {self.replaced} replacement replicas started",
             "end state: "
             + (
                 "; ".join(self.problems)
@@ -85,6 +99,42 @@ class ChaosReport:
                 "healthy, pools at capacity, 0 leaked, router table empty, /metrics live only"
             ),
         ]
+
+    @property
+    def lost(self) -> int:
+        """Sessions whose state was gone (their turn ended ABORTED)."""
+        return self.tally.sessions["ABORTED"]
+
+
+FAULT_NAMES = {
+    "replica": "replica SIGKILLs",
+    "router": "router SIGKILLs",
+    "store": "store SIGKILLs",
+    "stop": "replica SIGSTOPs",
+    "migration": "migration targets killed",
+    "drain": "replicas killed while draining",
+}
+
+
+class Admin:
+    """The admin calls the faults make through the gateway (their codes are counted)."""
+
+    def __init__(self, client: AsyncSessionClient, tally: Tally) -> None:
+        self.client, self.tally = client, tally
+
+    async def migrate(self, session_id: str, target: str) -> str:
+        request = pb.MigrateSessionRequest(session_id=session_id, target_replica_id=target)
+        call = self.client.admin.MigrateSession(
+            request, metadata=self.client.metadata, timeout=SAFETY_S
+        )
+        return (await unary(self.tally, call))[0]
+
+    async def drain(self, replica_id: str) -> str:
+        request = pb.DrainReplicaRequest(replica_id=replica_id, migrate=True)
+        call = self.client.admin.DrainReplica(
+            request, metadata=self.client.metadata, timeout=SAFETY_S
+        )
+        return (await unary(self.tally, call))[0]
 
 
 async def load(cluster: Cluster, report: ChaosReport) -> None:
@@ -101,11 +151,25 @@ async def load(cluster: Cluster, report: ChaosReport) -> None:
             await session(client, random.Random(c.seed * 1_000_003 + n), report.tally)
             done[0] += 1
 
-    kills = {"replica": c.replica_kills, "router": c.router_kills}
+    kills = {
+        "replica": c.replica_kills,
+        "router": c.router_kills,
+        "store": c.store_kills,
+        "stop": c.replica_stops,
+        "migration": c.migration_kills,
+        "drain": c.drain_kills,
+    }
     rng = random.Random(c.seed)
-    injector = asyncio.create_task(faults(cluster, kills, c.sessions, done, rng, report.heal_s))
+    admin = Admin(client, report.tally)
+    injector = asyncio.create_task(
+        faults(cluster, kills, c.sessions, done, rng, report.heal_s, admin)
+    )
+    stop_watching = asyncio.Event()
+    watcher = asyncio.create_task(watch_doubles(cluster, report.doubled, stop_watching))
     await asyncio.gather(*(worker() for _ in range(c.concurrency)))
     await injector  # its last heal is part of the run
+    stop_watching.set()
+    await watcher
     await client.close()
 
 
@@ -151,6 +215,10 @@ def check_end_state(cluster: Cluster, report: ChaosReport) -> None:
             break
         time.sleep(0.5)
     t = report.tally
+    if report.lost:
+        problems.append(f"{report.lost} sessions lost (ABORTED) with checkpoints on")
+    if report.doubled:
+        problems.append(f"{len(report.doubled)} sessions held by two replicas at once")
     if t.hung:
         problems.append(f"{t.hung} calls hung until their safety deadline")
     odd = {code for code in [*t.calls, *t.sessions] if code not in DOCUMENTED}

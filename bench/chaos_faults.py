@@ -1,6 +1,10 @@
 """The cluster side of ``bench/chaos.py``: the cluster under test, on its own event loop thread,
-and the faults injected into it (SIGKILLs of replica processes and of the router's process, at
-random points of the run, each timed until the cluster has healed)."""
+and the faults injected into it at random points of the run, each timed until the cluster has
+healed: SIGKILLs of a replica's process, of the router's and of a replica's checkpoint store;
+SIGSTOP of a replica (then SIGCONT, once it has been declared dead); a migration whose target is
+SIGKILLed as it starts; a drain with migration whose replica is SIGKILLed during it. Meanwhile a
+watcher samples every live replica's sessions: a session held by two replicas in two samples in a
+row is doubled."""
 
 from __future__ import annotations
 
@@ -43,6 +47,88 @@ def pid_of(handle) -> int:
     return ray.get(handle.__ray_call__.remote(lambda _actor: os.getpid()), timeout=30)
 
 
+KINDS = ("replica", "router", "store", "stop", "migration", "drain")
+
+
+def held_by(cluster: Cluster) -> dict[str, set[str]]:
+    """Each healthy replica's sessions (a replica that does not answer at once is left out)."""
+    server, held = cluster.server, {}
+    for replica_id in cluster.healthy():
+        handle = server.replicas.get(replica_id)
+        if handle is None:
+            continue
+        try:
+            sessions = ray.get(handle.list_sessions.remote(), timeout=2)
+        except Exception:  # noqa: BLE001 - stopped or dying: not a holder we can read
+            continue
+        if isinstance(sessions, dict):
+            held[replica_id] = set(sessions)
+    return held
+
+
+async def watch_doubles(cluster: Cluster, doubled: set[str], stop: asyncio.Event) -> None:
+    """Sessions held by two replicas in two samples in a row (a migration holds both copies
+    for a moment only) go to ``doubled``."""
+    seen_twice: set[str] = set()
+    while not stop.is_set():
+        held = await asyncio.to_thread(held_by, cluster)
+        counts: dict[str, int] = {}
+        for sessions in held.values():
+            for session_id in sessions:
+                counts[session_id] = counts.get(session_id, 0) + 1
+        now = {sid for sid, n in counts.items() if n > 1}
+        doubled |= now & seen_twice
+        seen_twice = now
+        await asyncio.sleep(0.5)
+
+
+async def inject(cluster: Cluster, kind: str, rng: random.Random, grpc_admin) -> str | None:
+    """Make one fault of ``kind``; returns the replica it hit (None: nothing to hit now)."""
+    server = cluster.server
+    live = sorted(await asyncio.to_thread(cluster.healthy))
+    victim = rng.choice(live) if live else None
+    if kind == "router":
+        os.kill(await asyncio.to_thread(pid_of, server.router), signal.SIGKILL)
+        return "router"
+    if victim is None or victim not in server.replicas:
+        return None
+    handle = server.replicas[victim]
+    if kind == "replica":
+        os.kill(await asyncio.to_thread(pid_of, handle), signal.SIGKILL)
+    elif kind == "store":
+        store = server.stores.get(victim)
+        if store is None:
+            return None
+        os.kill(await asyncio.to_thread(pid_of, store), signal.SIGKILL)
+    elif kind == "stop":
+        pid = await asyncio.to_thread(pid_of, handle)
+        os.kill(pid, signal.SIGSTOP)
+        await asyncio.sleep(server.config.router.stale_after_s * 2)  # long enough to be fenced
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    elif kind == "migration":
+        others = [r for r in live if r != victim]
+        pinned = await asyncio.to_thread(
+            ray.get, server.router.pinned_sessions.remote(victim), timeout=10
+        )
+        if not others or not pinned:
+            return None
+        target = rng.choice(others)
+        moving = asyncio.create_task(grpc_admin.migrate(rng.choice(pinned), target))
+        await asyncio.sleep(rng.uniform(0, 0.05))
+        os.kill(await asyncio.to_thread(pid_of, server.replicas[target]), signal.SIGKILL)
+        await moving
+        return target
+    elif kind == "drain":
+        draining = asyncio.create_task(grpc_admin.drain(victim))
+        await asyncio.sleep(rng.uniform(0, 0.2))
+        os.kill(await asyncio.to_thread(pid_of, handle), signal.SIGKILL)
+        await draining
+    return victim
+
+
 async def faults(
     cluster: Cluster,
     kills: dict[str, int],
@@ -50,31 +136,27 @@ async def faults(
     done: list[int],
     rng: random.Random,
     heal_s: dict[str, list[float]],
+    grpc_admin,
 ) -> None:
-    """SIGKILL a replica or the router (``kills``: how many of each) when the sessions finished
-    (``done[0]`` of ``sessions``) cross random fractions of the run; after each kill, wait until
-    the cluster is back to ``--replicas`` healthy replicas without the victim, and record how long
-    that took in ``heal_s``."""
+    """Make the faults of ``kills`` (how many of each kind) when the sessions finished
+    (``done[0]`` of ``sessions``) cross random fractions of the run; after each, wait until the
+    cluster is back to ``--replicas`` healthy replicas without a replica it fenced (a store's
+    death fences nothing), and record how long that took in ``heal_s[kind]``."""
     replicas = cluster.server.config.replicas
     plan = sorted((rng.uniform(0.1, 0.8), kind) for kind, n in kills.items() for _ in range(n))
     for fraction, kind in plan:
         while done[0] < fraction * sessions:
             await asyncio.sleep(0.05)
-        server = cluster.server
-        if kind == "replica":
-            victim = rng.choice(sorted(await asyncio.to_thread(cluster.healthy)) or [None])
-            if victim is None or victim not in server.replicas:
-                continue
-            handle = server.replicas[victim]
-        else:
-            victim, handle = "router", server.router
-        os.kill(await asyncio.to_thread(pid_of, handle), signal.SIGKILL)
-        killed = time.monotonic()
+        started = time.monotonic()
+        victim = await inject(cluster, kind, rng, grpc_admin)
+        if victim is None:
+            continue
+        fenced = None if kind == "store" else victim
 
-        def healed(victim=victim) -> bool:
+        def healed(fenced=fenced) -> bool:
             live = cluster.healthy()
-            return len(live) >= replicas and victim not in live
+            return len(live) >= replicas and fenced not in live
 
         while not await asyncio.to_thread(healed):
             await asyncio.sleep(0.1)
-        heal_s[kind].append(time.monotonic() - killed)
+        heal_s[kind].append(time.monotonic() - started)
