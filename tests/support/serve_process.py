@@ -72,6 +72,31 @@ def wait_ready(
     return value
 
 
+def serve_env(env: dict[str, str] | None = None, clean_env: bool = False) -> dict[str, str]:
+    """The environment of a serve subprocess: this one's (less ``RAY_*`` when ``clean_env``)
+    with ``env`` over it."""
+    base = {k: v for k, v in os.environ.items() if not (clean_env and k.startswith("RAY_"))}
+    return {**base, "PYTHONUNBUFFERED": "1", **(env or {})}
+
+
+def spawn(
+    log: Path, args: list[str], env: dict[str, str] | None = None, clean_env: bool = False
+) -> subprocess.Popen:
+    """``session-router serve ARGS`` on ports 0 of 127.0.0.1, its output in ``log``."""
+    cmd = [sys.executable, "-m", "router.ops.cli", "serve", *args]
+    cmd += ["--grpc-port", "0", "--metrics-port", "0", "--host", "127.0.0.1"]
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=serve_env(env, clean_env),
+            start_new_session=True,
+        )
+
+
 @dataclass
 class ServeProcess:
     proc: subprocess.Popen
@@ -90,23 +115,14 @@ class ServeProcess:
         args: list[str],
         env: dict[str, str] | None = None,
         ready_timeout: float = 120.0,
+        clean_env: bool = False,
     ) -> ServeProcess:
-        """Start serve with ``args`` on ports 0 of 127.0.0.1; returns once it prints ready."""
-        cmd = [sys.executable, "-m", "router.ops.cli", "serve", *args]
-        cmd += ["--grpc-port", "0", "--metrics-port", "0", "--host", "127.0.0.1"]
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                cmd,
-                cwd=REPO,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-                start_new_session=True,
-            )
+        """Start serve with ``args`` on ports 0 of 127.0.0.1; returns once it prints ready.
+        ``clean_env``: as a user starts it, without the test run's ``RAY_*`` variables."""
+        proc = spawn(log, args, env, clean_env)
         ready = re.compile(r"^session-router: ready\b", re.M)
         text = wait_ready(
-            proc, log, lambda: ready.search(t := log.read_text()) and t, ready_timeout, cmd[3:5]
+            proc, log, lambda: ready.search(t := log.read_text()) and t, ready_timeout, args
         )
         grpc_line = re.search(r"^session-router: gRPC listening on (127\.0\.0\.1:\d+)$", text, re.M)
         metrics_line = re.search(
