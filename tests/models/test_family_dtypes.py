@@ -12,14 +12,18 @@ dtypes is refused on import with FAILED_PRECONDITION.
 
 from __future__ import annotations
 
+import argparse
 import copy
 
 import pytest
 import torch
 
+from bench.harness.inprocess_driver import build_engine
 from replica.api import IncompatibleStateError, StatusCode
 from replica.config import PoolConfig
 from replica.model import LayerBuffers, load, load_model
+from router.config import ServeConfig
+from router.flags import add_arguments, from_arguments
 from tests.models.peers import CONFIGS, VOCAB, hf_model
 from tests.support.engine import (
     assert_engine_at_capacity,
@@ -129,3 +133,16 @@ def test_state_of_other_dtypes_is_refused_on_import():
     assert run_turn(same, "s", more, greedy(4))[0] == run_turn(source, "s", more, greedy(4))[0]
     for engine in (source, same, other):
         close_and_check(engine)
+
+
+def test_the_flags_reach_the_engine_a_replica_builds():
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, ServeConfig)
+    argv = ["--dtype", "bfloat16", "--state-dtype", "bfloat16", "--kv-dtype", "float16"]
+    config = from_arguments(ServeConfig, parser.parse_args(argv)).replica
+    engine = build_engine(config)  # as ReplicaActor builds it: load(..., dtype=weights_dtype)
+    assert engine.runner.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert engine.pool.mamba_pool.ssm_all.dtype == torch.bfloat16
+    assert engine.pool.kv_pool.k_all.dtype == torch.float16
+    with pytest.raises(ValueError, match="state_dtype"):
+        PoolConfig(state_dtype="float64")
