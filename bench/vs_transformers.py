@@ -10,13 +10,15 @@ For each family a random transformers model of the bench size below is saved and
   ``generate`` with its cache (the 16 prompts left-padded into one batch), timed from its first
   generated token to its last (a stopping criterion notes the time of each step).
 
-Times are the CPU time of this process (``time.process_time``): the machine is shared, and wall
-time would measure the neighbours too; with one torch thread and an idle machine the two agree.
-Best of ``--rounds``. The ours/transformers ratios are printed per family; goal: >= 1.0x at 1
-session and >= 2x at 16. Greedy tokens of the single session must agree on both sides.
+On the CPU, times are the CPU time of this process (``time.process_time``): the machine is
+shared, and wall time would measure the neighbours too; with one torch thread and an idle machine
+the two agree. On CUDA (``--device cuda``) they are wall time after a synchronize (the GPU's work
+is no process's CPU time). Best of ``--rounds``. The ours/transformers ratios are printed per
+family; goal: >= 1.0x at 1 session and >= 2x at 16. Greedy tokens of the single session must
+agree on both sides in float32 (``--dtype``; in bf16 the two round differently).
 
 Run: ``.venv/bin/python -m bench.vs_transformers`` (``--threads`` torch intra-op
-threads, default 1).
+threads, default 1; ``--device cuda --dtype bfloat16`` on a GPU).
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from collections.abc import Callable
 
 import torch
 import transformers
 
 from replica.api import SamplingParams
-from replica.config import PoolConfig, ReplicaConfig
+from replica.config import DTYPES, PoolConfig, ReplicaConfig
 from replica.engine.engine import Engine
 from replica.model import load_model
 
@@ -75,23 +78,40 @@ def configs(h: int) -> dict:
 
 
 MANY = 16
+Clock = Callable[[], float]
 
 
-def best_of(rounds: int, fn) -> float:
-    """The smallest wall time of ``rounds`` calls of ``fn`` (after one warm-up call)."""
+def clock_for(device: str) -> Clock:
+    """The process's CPU time on the CPU; on CUDA wall time once the GPU has finished."""
+    if device != "cuda":
+        return time.process_time
+
+    def cuda_clock() -> float:
+        torch.cuda.synchronize()
+        return time.perf_counter()
+
+    return cuda_clock
+
+
+def best_of(rounds: int, fn, clock: Clock) -> float:
+    """The smallest time of ``rounds`` calls of ``fn`` (after one warm-up call)."""
     fn()
     times = []
     for _ in range(rounds):
-        start = time.process_time()
+        start = clock()
         fn()
-        times.append(time.process_time() - start)
+        times.append(clock() - start)
     return min(times)
 
 
-def make_engine(path: str, sessions: int) -> Engine:
-    cfg, model, tok = load_model(path)
+def make_engine(path: str, sessions: int, device: str, dtype: torch.dtype) -> Engine:
+    cfg, model, tok = load_model(path, device=device, dtype=dtype)
     pools = PoolConfig(
-        max_sessions=sessions, kv_tokens=sessions * 1024, max_context=1024, page_size=16
+        max_sessions=sessions,
+        kv_tokens=sessions * 1024,
+        max_context=1024,
+        page_size=16,
+        device=device,
     )
     config = ReplicaConfig(pools=pools, max_prefill_chunk=512, max_batch_tokens=8192)
     return Engine(config, model, tok)
@@ -105,7 +125,9 @@ def ours_prefill(engine: Engine, ids: list[int]) -> None:
     engine.close_session("prefill")
 
 
-def ours_decode(engine: Engine, prompts: list[list[int]], new: int) -> tuple[float, list[int]]:
+def ours_decode(
+    engine: Engine, prompts: list[list[int]], new: int, clock: Clock
+) -> tuple[float, list[int]]:
     """Sessions with ``prompts`` generate ``new`` tokens together: (decode-only seconds, tokens
     of the first session)."""
     sids = [f"s{i}" for i in range(len(prompts))]
@@ -116,10 +138,10 @@ def ours_decode(engine: Engine, prompts: list[list[int]], new: int) -> tuple[flo
     seconds, first = 0.0, []
     while engine.has_work:
         decode_only = not engine.scheduler.waiting and not engine.scheduler.plan().prefill
-        start = time.process_time()
+        start = clock()
         events = engine.step()
         if decode_only:
-            seconds += time.process_time() - start
+            seconds += clock() - start
         first += [t for e in events if rids[e.turn_id] == "s0" for t in e.token_ids]
     for sid in sids:
         engine.close_session(sid)
@@ -129,21 +151,22 @@ def ours_decode(engine: Engine, prompts: list[list[int]], new: int) -> tuple[flo
 class StepClock(transformers.StoppingCriteria):
     """Notes the time at each generated token (generate asks it after every step)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
         self.times: list[float] = []
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
-        self.times.append(time.process_time())
-        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+        self.times.append(self.clock())
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
-def hf_decode(hf, prompts: list[list[int]], new: int) -> tuple[float, list[int]]:
+def hf_decode(hf, prompts: list[list[int]], new: int, clock: Clock) -> tuple[float, list[int]]:
     """Greedy ``generate`` of the left-padded batch: (seconds from the first generated token to
     the last, the first row's new tokens)."""
     width = max(map(len, prompts))
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    clock = StepClock()
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=hf.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=hf.device)
+    step_clock = StepClock(clock)
     with torch.no_grad():
         out = hf.generate(
             ids,
@@ -152,17 +175,26 @@ def hf_decode(hf, prompts: list[list[int]], new: int) -> tuple[float, list[int]]
             min_new_tokens=new,
             do_sample=False,
             pad_token_id=0,
-            stopping_criteria=transformers.StoppingCriteriaList([clock]),
+            stopping_criteria=transformers.StoppingCriteriaList([step_clock]),
         )
-    return clock.times[-1] - clock.times[0], out[0, width:].tolist()
+    return step_clock.times[-1] - step_clock.times[0], out[0, width:].tolist()
 
 
-def measure(family: str, hidden: int, rounds: int, new: int) -> dict[str, tuple[float, float]]:
+def measure(
+    family: str,
+    hidden: int,
+    rounds: int,
+    new: int,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> dict[str, tuple[float, float]]:
     torch.manual_seed(0)
     hf = transformers.AutoModelForCausalLM.from_config(configs(hidden)[family]()).eval()
     with tempfile.TemporaryDirectory() as path:
         hf.save_pretrained(path)
-        engine = make_engine(path, MANY)
+        engine = make_engine(path, MANY, device, dtype)
+    hf = hf.to(device=device, dtype=dtype)
+    clock = clock_for(device)
     gen = torch.Generator().manual_seed(1)
 
     def tokens(n: int) -> list[int]:
@@ -173,18 +205,19 @@ def measure(family: str, hidden: int, rounds: int, new: int) -> dict[str, tuple[
     many = [tokens(16 + 24 * i) for i in range(MANY)]
     out = {}
     with torch.no_grad():
-        hf_prefill = best_of(
-            rounds, lambda: hf(torch.tensor([long]), use_cache=True, logits_to_keep=1)
-        )
-    out["prefill"] = (512 / best_of(rounds, lambda: ours_prefill(engine, long)), 512 / hf_prefill)
+        ids = torch.tensor([long], device=device)
+        hf_prefill = best_of(rounds, lambda: hf(ids, use_cache=True, logits_to_keep=1), clock)
+    ours_prefill_s = best_of(rounds, lambda: ours_prefill(engine, long), clock)
+    out["prefill"] = (512 / ours_prefill_s, 512 / hf_prefill)
     for label, prompts in (("decode x1", one), (f"decode x{MANY}", many)):
-        ours_decode(engine, prompts, 4)  # warm-up
-        hf_decode(hf, prompts, 4)
-        ours = [ours_decode(engine, prompts, new) for _ in range(rounds)]
-        theirs = [hf_decode(hf, prompts, new) for _ in range(rounds)]
+        ours_decode(engine, prompts, 4, clock)  # warm-up
+        hf_decode(hf, prompts, 4, clock)
+        ours = [ours_decode(engine, prompts, new, clock) for _ in range(rounds)]
+        theirs = [hf_decode(hf, prompts, new, clock) for _ in range(rounds)]
         count = len(prompts) * (new - 1)  # the first token of each turn comes from its prefill
         out[label] = (count / min(s for s, _ in ours), count / min(s for s, _ in theirs))
-        assert ours[0][1] == theirs[0][1] or len(prompts) > 1, f"{family}: tokens differ"
+        same = ours[0][1] == theirs[0][1] or len(prompts) > 1 or dtype != torch.float32
+        assert same, f"{family}: tokens differ"
     return out
 
 
@@ -196,15 +229,21 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=32, help="tokens generated per session")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="float32", choices=tuple(DTYPES))
     args = parser.parse_args()
+    dtype = DTYPES[args.dtype]
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    print(f"hidden {args.hidden}, torch threads {args.threads}; tokens/s, ours vs transformers")
+    print(
+        f"hidden {args.hidden}, {args.device}, {args.dtype}, torch threads {args.threads}; "
+        "tokens/s, ours vs transformers"
+    )
     header = ["family", "prefill 512", "decode x1", f"decode x{MANY}"]
     print(" | ".join(f"{h:<28}" if i else f"{h:<17}" for i, h in enumerate(header)))
     for family in args.families:
-        row = measure(family, args.hidden, args.rounds, args.new)
+        row = measure(family, args.hidden, args.rounds, args.new, args.device, dtype)
         cells = [f"{o:8.0f} vs {t:8.0f} ({o / t:4.2f}x)" for o, t in row.values()]
         print(" | ".join([f"{family:<17}", *cells]), flush=True)
 

@@ -64,7 +64,10 @@ class ReplicaActor(SessionsAPI, TurnCalls, SessionMovesAPI, CheckpointsAPI):
             torch.set_num_threads(config.threads)
         device = "cuda" if torch.cuda.is_available() else "cpu"
         self.replica_id = replica_id
-        _, net, tokenizer = load(config.model, config.model_path, device=device)
+        # The hub id (if --model is one) resolves here, in this node's cache (replica.model.source)
+        _, net, tokenizer = load(
+            config.model_name, device=device, dtype=config.weights_dtype, revision=config.revision
+        )
         pools = dataclasses.replace(config.pools, device=device)
         self.config = dataclasses.replace(config, pools=pools)
         self.tokenizer = tokenizer

@@ -8,6 +8,7 @@ checkpoint (``replica.model.config.ModelConfig``).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,9 @@ import torch
 from replica import failpoints
 
 DEFAULT_IDLE_TIMEOUT_S = 300.0
+# The dtypes a replica keeps weights, recurrent state and KV in (``--dtype`` and its peers).
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+AUTO = "auto"
 
 
 def setting(default: Any, help: str = "", *, choices: tuple | None = None, cli: bool = True):
@@ -57,11 +61,22 @@ class PoolConfig:
         "KV token slots in host memory for parked sessions "
         "(0: --max-parked-sessions times the KV share of one GPU session)",
     )
-    state_dtype: torch.dtype = setting(torch.float32, cli=False)
-    kv_dtype: torch.dtype = setting(torch.float32, cli=False)
+    state_dtype: str = setting(
+        "float32",
+        "dtype of the recurrent (conv and SSM) state in the pools, parked, moved and "
+        "checkpointed (float32: the SSM recurrence accumulates over the whole session)",
+        choices=tuple(DTYPES),
+    )
+    kv_dtype: str = setting(
+        AUTO, "dtype of the KV cache (auto: the weights' dtype)", choices=(AUTO, *DTYPES)
+    )
     device: str = setting("cpu", cli=False)  # chosen by the replica: cuda when it has a GPU
 
     def __post_init__(self) -> None:
+        for name in ("state_dtype", "kv_dtype"):
+            value = getattr(self, name)
+            if value not in DTYPES and not (name == "kv_dtype" and value == AUTO):
+                raise ValueError(f"{name} must be one of {', '.join(DTYPES)}, got {value!r}")
         if self.max_sessions <= 0:
             raise ValueError(f"max_sessions must be positive, got {self.max_sessions}")
         if self.page_size <= 0:
@@ -85,6 +100,22 @@ class PoolConfig:
                 f"host_kv_tokens ({self.host_kv_tokens}) must hold at least one page of "
                 f"{self.page_size}"
             )
+
+    @property
+    def state_torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.state_dtype]
+
+    @property
+    def kv_torch_dtype(self) -> torch.dtype:
+        """``kv_dtype``; ``auto`` before a model resolved it (``with_weights_dtype``) is
+        float32, the dtype of weights on the CPU."""
+        return DTYPES.get(self.kv_dtype, torch.float32)
+
+    def with_weights_dtype(self, weights: torch.dtype) -> PoolConfig:
+        """These pools for a model whose weights are ``weights``: ``kv_dtype`` auto resolved."""
+        if self.kv_dtype != AUTO:
+            return self
+        return dataclasses.replace(self, kv_dtype=str(weights).removeprefix("torch."))
 
     @property
     def mamba_slots_per_seq(self) -> int:
@@ -135,13 +166,21 @@ class ReplicaConfig:
     pools: PoolConfig = nested(PoolConfig)
     model: str = setting(
         "tiny-bamba",
-        "built-in model (fixed-seed random weights, byte tokenizer): tiny-bamba, "
-        "tiny-granitemoehybrid, tiny-nemotron-h, tiny-falcon-h1 or tiny-qwen3-next",
+        "the model: a built-in (fixed-seed random weights, byte tokenizer: tiny-bamba, "
+        "tiny-granitemoehybrid, tiny-nemotron-h, tiny-falcon-h1 or tiny-qwen3-next), an "
+        "HF-format checkpoint directory (config.json, *.safetensors, tokenizer.json) or a "
+        "Hugging Face hub id ORG/NAME (resolved by each replica in its node's HF_HOME; "
+        "HF_HUB_OFFLINE and HF_TOKEN honoured) of a bamba, granitemoehybrid, nemotron_h, "
+        "falcon_h1 or qwen3_next model",
     )
-    model_path: str | None = setting(
-        None,
-        "HF-format checkpoint directory (config.json, *.safetensors, tokenizer.json) of a "
-        "bamba, granitemoehybrid, nemotron_h, falcon_h1 or qwen3_next model; overrides --model",
+    model_path: str | None = setting(None, "the same as --model (kept for old command lines)")
+    revision: str | None = setting(
+        None, "the hub revision (branch, tag or commit) of a hub id --model (default: main)"
+    )
+    dtype: str = setting(
+        AUTO,
+        "dtype of the weights (auto: the checkpoint's torch_dtype on CUDA, float32 on the CPU)",
+        choices=(AUTO, *DTYPES),
     )
     session_idle_timeout_s: float = setting(
         DEFAULT_IDLE_TIMEOUT_S, "idle sessions are released after this long (and no later)"
@@ -162,7 +201,21 @@ class ReplicaConfig:
     strict: bool = setting(False, "raise on any pool accounting violation")
     failpoints: frozenset[str] = setting(frozenset(), cli=False)  # see replica.failpoints
 
+    @property
+    def model_name(self) -> str:
+        """What ``--model`` (or its alias ``--model-path``) names."""
+        return self.model_path or self.model
+
+    @property
+    def weights_dtype(self) -> torch.dtype | None:
+        """``dtype`` as a torch dtype; None for auto (the loader decides, see ``dtype``)."""
+        return DTYPES.get(self.dtype)
+
     def __post_init__(self) -> None:
+        if self.dtype != AUTO and self.dtype not in DTYPES:
+            raise ValueError(
+                f"dtype must be auto or one of {', '.join(DTYPES)}, got {self.dtype!r}"
+            )
         object.__setattr__(self, "failpoints", failpoints.check(frozenset(self.failpoints)))
         if self.session_idle_timeout_s <= 0:
             raise ValueError("session_idle_timeout_s must be positive")

@@ -2,6 +2,8 @@
 
 - ``ray_cluster``: one local Ray instance for the whole test process; end-to-end modules start
   their ``Server`` (tests/support/cluster.py) on it, each in its own namespace.
+- ``SESSION_ROUTER_TEST_DEVICE`` (tests/support/device.py): the device every engine and pool
+  fixture builds on (cpu by default; cuda in scripts/gpu-check.sh); an unusable one stops the run.
 - Hypothesis profiles, which every property test and state machine runs under (none sets its
   own sizes): ``ci`` (the default) and ``soak`` (long runs: ``HYPOTHESIS_PROFILE=soak``). ``ci``
   is hypothesis' default size, 100 examples of up to 50 steps: the session, pool and engine
@@ -25,6 +27,7 @@ import ray  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 from router.ops.serve import quiet_ray_start_up  # noqa: E402
+from tests.support.device import ENV, check_test_device, device_under_test  # noqa: E402
 
 settings.register_profile(
     "ci",
@@ -43,6 +46,16 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_configure(config) -> None:
+    """A device the engine and pool fixtures cannot use stops the run before any test."""
+    if (why := check_test_device()) is not None:
+        pytest.exit(f"cannot run on the test device: {why}", returncode=4)
+
+
+def pytest_report_header(config) -> str:
+    return f"engine and pool fixtures on: {device_under_test()} ({ENV})"
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import re
 import shlex
 from pathlib import Path
 
@@ -183,3 +184,26 @@ def test_every_alert_has_a_severity_and_a_runbook_section():
         assert name.lower() in sections, f"deploy/runbooks.md has no section for {name}"
         url = rule["annotations"]["runbook_url"]
         assert url.endswith(f"deploy/runbooks.md#{name.lower()}"), url
+
+
+# CUDA variants download.pytorch.org publishes torch 2.13 wheels for (none for cu128 since 2.12)
+# and Ray 2.60's GPU image tags (ray-images.json: cu12.6.3-cudnn ... cu13.0.0-cudnn).
+TORCH_213_CUDA = {"cu126", "cu130", "cu132"}
+RAY_260_CUDA = {"cu121", "cu123", "cu124", "cu125", "cu126", "cu128", "cu129", "cu130"}
+
+
+def test_the_image_pairs_a_torch_wheel_that_exists_with_rays_image_of_its_cuda():
+    text = (REPO / "deploy" / "docker" / "Dockerfile").read_text()
+    args = dict(re.findall(r"^ARG (\w+)=(\S+)$", text, re.M))
+    (base,) = re.findall(r"^FROM (\S+)$", text, re.M)
+    pins = dict(
+        line.split("==") for line in (REPO / "constraints.txt").read_text().split() if "==" in line
+    )
+    cuda = args["CUDA"]
+    assert base.startswith("rayproject/ray:"), base
+    assert base.split(":")[1].replace("${CUDA}", cuda) == f"{pins['ray']}-py311-{cuda}"
+    assert args["TORCH_VERSION"] == pins["torch"] == "2.13.0"
+    assert (
+        args["TORCH_INDEX"].replace("${CUDA}", cuda) == f"https://download.pytorch.org/whl/{cuda}"
+    )
+    assert cuda in TORCH_213_CUDA & RAY_260_CUDA, cuda

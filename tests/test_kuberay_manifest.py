@@ -176,3 +176,62 @@ def test_service_and_podmonitor_target_every_gateway(raycluster, head_container)
     assert endpoint["port"] == "sr-metrics" and endpoint["port"] in port_names
     job = [r for r in endpoint.get("relabelings", []) if r.get("targetLabel") == "job"]
     assert job and job[0]["replacement"] == "session-router", "alerts expect job=session-router"
+
+
+_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "": 1}
+
+
+def quantity(text) -> int:
+    """Bytes of a Kubernetes binary quantity (``26Gi``) or a plain byte count."""
+    text = str(text)
+    digits = text.rstrip("KMGTi")
+    return int(digits) * _UNITS[text[len(digits) :]]
+
+
+def groups(raycluster) -> list[tuple[str, dict]]:
+    spec = raycluster["spec"]
+    workers = [(g["groupName"], g) for g in spec["workerGroupSpecs"]]
+    return [("head", spec["headGroupSpec"]), *workers]
+
+
+# Triton's kernel cache everywhere (a pod may import the kernels); on the GPU workers every JIT
+# cache torch and CUDA keep, and the hub cache --model ORG/NAME downloads into.
+CACHES = {"TRITON_CACHE_DIR"}
+GPU_CACHES = CACHES | {
+    "TORCHINDUCTOR_CACHE_DIR", "TORCH_EXTENSIONS_DIR", "CUDA_CACHE_PATH", "HF_HOME"
+}  # fmt: skip
+
+
+def test_jit_caches_are_on_writable_volumes(raycluster):
+    for name, group in groups(raycluster):
+        pod = group["template"]["spec"]
+        (container,) = pod["containers"]
+        assert container["securityContext"]["readOnlyRootFilesystem"], name
+        env = {e["name"]: e["value"] for e in container["env"]}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        writable = {
+            m["mountPath"]: volumes[m["name"]]
+            for m in container["volumeMounts"]
+            if not m.get("readOnly") and "emptyDir" in volumes[m["name"]]
+        }
+        for var in GPU_CACHES if name == "gpu" else CACHES:
+            path = env.get(var)
+            assert path, f"{name}: {var} is not set (the default is on the read-only root)"
+            on = [m for m in writable if path.startswith(m.rstrip("/") + "/")]
+            assert on and on[0] != "/dev/shm", f"{name}: {var}={path} is on no writable volume"
+
+
+def test_shm_and_the_object_store_are_sized_together(raycluster):
+    """Ray's object store fits in /dev/shm (else it falls back to disk), with little of /dev/shm
+    left unused, and both inside the container's memory limit (a memory emptyDir counts)."""
+    for name, group in groups(raycluster):
+        pod = group["template"]["spec"]
+        (container,) = pod["containers"]
+        store = int(group["rayStartParams"]["object-store-memory"])
+        (shm_mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/dev/shm"]
+        (shm,) = [v for v in pod["volumes"] if v["name"] == shm_mount["name"]]
+        assert shm["emptyDir"]["medium"] == "Memory", name
+        size = quantity(shm["emptyDir"]["sizeLimit"])
+        limit = quantity(container["resources"]["limits"]["memory"])
+        assert store < size <= store + 2 * 2**30, (name, store, size)
+        assert size <= limit // 2, (name, size, limit)

@@ -24,7 +24,9 @@ def build_engine(config: ReplicaConfig, device: str = "cpu") -> Engine:
     ``config.threads`` (when set) becomes this process's torch thread count."""
     if config.threads:
         torch.set_num_threads(config.threads)
-    _, model, tokenizer = load(config.model, config.model_path, device=device)
+    _, model, tokenizer = load(
+        config.model_name, device=device, dtype=config.weights_dtype, revision=config.revision
+    )
     pools = dataclasses.replace(config.pools, device=device)
     return Engine(dataclasses.replace(config, pools=pools), model, tokenizer, "in-process")
 

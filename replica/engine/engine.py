@@ -15,6 +15,7 @@ engine is dead: the replica reports itself dead and is replaced.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -68,6 +69,9 @@ class Engine(SessionOps):
     ) -> None:
         """``clock`` is what idle timeouts and stream leases are measured by (tests pass
         their own)."""
+        # KV "auto" is the weights' dtype: resolved here, where the model is known
+        pools = config.pools.with_weights_dtype(model.embed_tokens.weight.dtype)
+        config = dataclasses.replace(config, pools=pools)
         self.config = config
         self.replica_id = replica_id
         self.incarnation = uuid.uuid4().hex[:12]

@@ -1,4 +1,4 @@
-"""Choosing a model: a built-in ``tiny-<family>`` or an HF checkpoint directory."""
+"""Choosing a model: a built-in ``tiny-<family>``, an HF checkpoint directory or a hub id."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from replica.model.layers import GatedRMSNorm, RMSNorm
 from replica.model.loader import load_model
 from replica.model.mamba2 import Mamba2Mixer
 from replica.model.moe import MoE
+from replica.model.source import resolve
 from replica.model.tokenizer import ByteTokenizer, Tokenizer
 
 TINY_BAMBA = "tiny-bamba"
@@ -88,10 +89,14 @@ def load(
     model: str = TINY_BAMBA,
     model_path: str | None = None,
     device: torch.device | str = "cpu",
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = None,
+    revision: str | None = None,
 ) -> tuple[ModelConfig, HybridModel, Tokenizer]:
-    """``model_path`` (an HF checkpoint directory) when given, else the named built-in model."""
-    if model_path:
-        return load_model(model_path, device=device, dtype=dtype)
-    cfg, net, tok = build_tiny(model)
-    return cfg, net.to(device=device, dtype=dtype), tok
+    """The model ``model_path or model`` names (a built-in, a checkpoint directory or a hub id
+    at ``revision``, see ``replica.model.source``), on ``device`` with its weights in ``dtype``
+    (None: the checkpoint's own dtype on CUDA, float32 elsewhere and for built-ins)."""
+    source = resolve(model_path or model, frozenset(BUILTINS), revision)
+    if source.path is not None:
+        return load_model(source.path, device=device, dtype=dtype)
+    cfg, net, tok = build_tiny(source.builtin)
+    return cfg, net.to(device=device, dtype=dtype or torch.float32), tok

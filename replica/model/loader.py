@@ -3,7 +3,9 @@
 The family is chosen from ``config.json``'s ``model_type`` (see :mod:`replica.model.families`);
 its weight map says where each checkpoint tensor goes in :class:`HybridModel`. A checkpoint that
 does not match its config fails with a ``ValueError`` naming the missing, unexpected and
-mis-shaped tensors.
+mis-shaped tensors; a missing or unreadable file with a ``CheckpointError`` naming the file.
+Tensors are read lazily, one at a time (``CheckpointFiles``), into weights already allocated on
+the replica's device in the target dtype.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import Any
 
 import torch
 
+from replica.config import DTYPES
+from replica.model.checkpoint_files import CheckpointError, CheckpointFiles
 from replica.model.config import ModelConfig
 from replica.model.families import FAMILIES, family_of
 from replica.model.families.bamba import hf_config
@@ -22,7 +26,14 @@ from replica.model.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 
 _LIST_LIMIT = 20
 
-__all__ = ["config_from_hf", "hf_config", "load_model", "load_weights", "save_checkpoint"]
+__all__ = [
+    "CheckpointError",
+    "config_from_hf",
+    "hf_config",
+    "load_model",
+    "load_weights",
+    "save_checkpoint",
+]
 
 
 def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
@@ -46,51 +57,35 @@ def save_checkpoint(cfg: ModelConfig, model: HybridModel, path: str) -> None:
     save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
 
 
-def read_safetensors(model_path: str) -> dict[str, torch.Tensor]:
-    """All tensors of ``model.safetensors`` or of the shards listed in an ``*.index.json``."""
-    from safetensors.torch import load_file
-
-    index = os.path.join(model_path, "model.safetensors.index.json")
-    if os.path.exists(index):
-        with open(index) as f:
-            shards = sorted(set(json.load(f)["weight_map"].values()))
-    else:
-        shards = sorted(n for n in os.listdir(model_path) if n.endswith(".safetensors"))
-    if not shards:
-        raise ValueError(f"no *.safetensors files in {model_path}")
-    tensors: dict[str, torch.Tensor] = {}
-    for shard in shards:
-        tensors.update(load_file(os.path.join(model_path, shard), device="cpu"))
-    return tensors
-
-
 def _names(names: list[str]) -> str:
     more = f" ... and {len(names) - _LIST_LIMIT} more" if len(names) > _LIST_LIMIT else ""
     return ", ".join(names[:_LIST_LIMIT]) + more
 
 
-def load_weights(model: HybridModel, tensors: dict[str, torch.Tensor]) -> None:
-    """Copy HF-named ``tensors`` into ``model`` (casting to its dtype), all or nothing.
+def load_weights(model: HybridModel, files: CheckpointFiles) -> None:
+    """Copy the HF-named tensors of ``files`` into ``model`` (cast to its dtype, on its device),
+    one tensor at a time. Names and shapes are checked against the model before any is read.
 
     With tied embeddings ``lm_head.weight`` may be absent (and is ignored when present).
     """
     cfg = model.cfg
     family = FAMILIES[cfg.model_type]
     wmap = family.weight_map(cfg)
-    named = {}
-    for name, tensor in tensors.items():
+    stored = {}  # canonical name -> the checkpoint's name
+    for name in files.shapes:
         canonical = family.canonical(name)
         if canonical is not None:
-            named[canonical] = tensor
+            stored[canonical] = name
     if cfg.tie_word_embeddings:
-        named.pop("lm_head.weight", None)
+        stored.pop("lm_head.weight", None)
     params = dict(model.named_parameters())
-    missing = sorted(set(wmap) - set(named))
-    unexpected = sorted(set(named) - set(wmap))
+    shape_of = {n: files.shapes[stored[n]] for n in stored}
+    missing = sorted(set(wmap) - set(stored))
+    unexpected = sorted(set(stored) - set(wmap))
     misshaped = sorted(
-        f"{n} {tuple(named[n].shape)} (expected {tuple(params[t.param][t.index].shape)})"
+        f"{n} {shape_of[n]} (expected {tuple(params[t.param][t.index].shape)})"
         for n, t in wmap.items()
-        if n in named and tuple(named[n].shape) != tuple(params[t.param][t.index].shape)
+        if n in stored and shape_of[n] != tuple(params[t.param][t.index].shape)
     )
     if missing or unexpected or misshaped:
         parts = []
@@ -100,12 +95,14 @@ def load_weights(model: HybridModel, tensors: dict[str, torch.Tensor]) -> None:
             parts.append(f"unexpected tensors: {_names(unexpected)}")
         if misshaped:
             parts.append(f"mis-shaped tensors: {_names(misshaped)}")
-        raise ValueError("checkpoint does not match the model config; " + "; ".join(parts))
+        raise ValueError(
+            f"checkpoint {files.path} does not match its model config; " + "; ".join(parts)
+        )
     filled = dict.fromkeys(params, 0)
     with torch.no_grad():
         for name, t in wmap.items():
             part = params[t.param][t.index]
-            part.copy_(named[name].to(dtype=part.dtype, device=part.device))
+            part.copy_(files.read(stored[name], part.device))
             filled[t.param] += part.numel()
     unfilled = [n for n, p in params.items() if filled[n] != p.numel()]
     if unfilled:  # a gap in the family's weight map, not in the checkpoint
@@ -132,20 +129,45 @@ def load_tokenizer(model_path: str, cfg: ModelConfig) -> Tokenizer:
     return tok
 
 
-def load_model(
-    model_path: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
-) -> tuple[ModelConfig, HybridModel, Tokenizer]:
-    """Build the model of an HF checkpoint directory, in eval mode on ``device``."""
+def checkpoint_dtype(hf: dict[str, Any]) -> torch.dtype | None:
+    """The dtype ``config.json`` says the weights were saved in (``dtype``, older
+    ``torch_dtype``), when it names one we keep."""
+    name = hf.get("dtype") or hf.get("torch_dtype")
+    return DTYPES.get(name) if isinstance(name, str) else None
+
+
+def read_config(model_path: str) -> dict[str, Any]:
+    """``config.json`` of a checkpoint directory; a missing or unreadable one raises naming it."""
     cfg_path = os.path.join(model_path, "config.json")
     if not os.path.exists(cfg_path):
-        raise ValueError(f"no config.json in {model_path}")
-    with open(cfg_path) as f:
-        cfg = config_from_hf(json.load(f))
+        raise CheckpointError(f"no config.json in {model_path}")
+    try:
+        with open(cfg_path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"cannot read {cfg_path}: {exc}") from exc
+
+
+def load_model(
+    model_path: str, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
+) -> tuple[ModelConfig, HybridModel, Tokenizer]:
+    """Build the model of an HF checkpoint directory, in eval mode on ``device``, its weights
+    in ``dtype`` (None: the checkpoint's own dtype on CUDA, float32 elsewhere). The weights are
+    allocated once, on the device, in ``dtype``, and filled tensor by tensor."""
+    hf = read_config(model_path)
+    try:
+        cfg = config_from_hf(hf)
+    except ValueError as exc:
+        raise ValueError(f"{os.path.join(model_path, 'config.json')}: {exc}") from exc
+    if dtype is None:
+        cuda = torch.device(device).type == "cuda"
+        dtype = (checkpoint_dtype(hf) if cuda else None) or torch.float32
+    files = CheckpointFiles(model_path)
     with torch.device("meta"):
         model = HybridModel(cfg)
-    model = model.to_empty(device=device).to(dtype)
+    model = model.to(dtype).to_empty(device=device)  # on meta the cast allocates nothing
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
-    load_weights(model, read_safetensors(model_path))
+    load_weights(model, files)
     model.eval()
     return cfg, model, load_tokenizer(model_path, cfg)

@@ -37,13 +37,13 @@ class HostPools:
         pin = torch.device(pools.device).type == "cuda"
         self.page_size = pools.page_size
         self.mamba = MambaPool(
-            model, pools.max_parked_sessions, pools.state_dtype, "cpu", "host_mamba", pin
+            model, pools.max_parked_sessions, pools.state_torch_dtype, "cpu", "host_mamba", pin
         )
         self.kv = KVTokenPool(
             model,
             pools.host_kv_pages * pools.page_size,
             pools.page_size,
-            pools.kv_dtype,
+            pools.kv_torch_dtype,
             "cpu",
             "host_kv_pages",
             pin,

@@ -34,9 +34,9 @@ class HybridReqToTokenPool(ReqToTokenPool):
     def __init__(self, model: ModelConfig, pools: PoolConfig) -> None:
         super().__init__(pools.max_sessions, pools.max_context, pools.device)
         self.config = pools
-        self.mamba_pool = MambaPool(model, pools.mamba_slots, pools.state_dtype, pools.device)
+        self.mamba_pool = MambaPool(model, pools.mamba_slots, pools.state_torch_dtype, pools.device)
         self.kv_pool = KVTokenPool(
-            model, pools.kv_token_slots, pools.page_size, pools.kv_dtype, pools.device
+            model, pools.kv_token_slots, pools.page_size, pools.kv_torch_dtype, pools.device
         )
 
     @property

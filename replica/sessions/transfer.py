@@ -49,7 +49,7 @@ class StateTransfer:
         self.copier = copier
         self.model = model
         self.max_context = pools.max_context
-        self.state_dtype, self.kv_dtype = pools.state_dtype, pools.kv_dtype
+        self.state_dtype, self.kv_dtype = pools.state_torch_dtype, pools.kv_torch_dtype
         self.gpu = StateTensors.by_token(self.pool.mamba_pool, self.pool.kv_pool)
         parker = sessions.residency.parker
         self.host = StateTensors.by_token(parker.host.mamba, parker.host.kv) if parker else None

@@ -60,7 +60,7 @@ async def run_until_stopped(service: Service, starting: str, stopping: str) -> i
 async def serve(config: ServeConfig) -> int:
     from router.ops.serve import Server
 
-    model = config.replica.model_path or config.replica.model
+    model = config.replica.model_name
     starting = f"starting Ray, the router and {config.replicas} replicas ({model})"
     return await run_until_stopped(Server(config), starting, "releasing sessions, stopping Ray")
 

@@ -65,17 +65,32 @@ def start_report(pending: list[str], ask: Mapping[str, float], waited_s: float) 
     )
 
 
+def died_why(error: BaseException) -> str:
+    """The last line of an actor's death: for an exception in ``__init__`` (the model would not
+    load, say) its type and message, without the module path."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    last = lines[-1] if lines else type(error).__name__
+    kind, sep, message = last.partition(": ")
+    return f"{kind.rsplit('.', 1)[-1]}: {message}" if sep and " " not in kind else last
+
+
 async def wait_until_up(
     calls: Mapping[str, Any], ask: Mapping[str, float], timeout_s: float
 ) -> dict[str, Any]:
     """Await each replica's first call (``calls``: replica id -> object ref). Warns with a
     report once replicas that cannot be scheduled have waited ``WARN_AFTER_S`` (any replica,
-    after three times that), and raises ``ReplicaStartError`` after ``timeout_s``."""
+    after three times that), and raises ``ReplicaStartError`` after ``timeout_s``, or at once
+    when a replica dies starting (its ``__init__`` raised: the message says what)."""
     tasks = {asyncio.ensure_future(ref): rid for rid, ref in calls.items()}
     loop = asyncio.get_running_loop()
     started, pending, warned = loop.time(), set(tasks), False
     while pending:
-        _, pending = await asyncio.wait(pending, timeout=min(1.0, timeout_s))
+        done, pending = await asyncio.wait(pending, timeout=min(1.0, timeout_s))
+        for task in done:
+            if isinstance(error := task.exception(), ray.exceptions.RayActorError):
+                for other in pending:
+                    other.cancel()
+                raise ReplicaStartError(f"{tasks[task]} did not start: {died_why(error)}")
         waited = loop.time() - started
         if not pending:
             break

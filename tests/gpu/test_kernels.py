@@ -3,7 +3,8 @@ path they replace, on the same model and inputs: a padded batched prefill (one r
 from saved state), then decode steps; logits and the final recurrent state.
 
 Needs a CUDA device and the ``cuda-kernels`` extra; skipped otherwise, saying which. The Mamba2
-families run in float32 (triton's dot products may use TF32, hence the tolerance); the gated
+families run in float32 (triton's dot products may use TF32, hence the tolerance), and again in
+bfloat16 with float32 state (``--dtype bfloat16``'s default state); the gated
 DeltaNet runs in bfloat16, the only precision flash-linear-attention's chunk kernel takes.
 """
 
@@ -59,7 +60,17 @@ def _run(model, cfg, dtype: torch.dtype) -> tuple[torch.Tensor, LayerBuffers]:
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_kernels_match_the_pytorch_path(name):
-    packages, dtype, tol = CASES[name]
+    _compare(name, *CASES[name])
+
+
+@pytest.mark.parametrize("name", sorted(n for n, case in CASES.items() if case[0] == MAMBA2))
+def test_mamba2_kernels_match_in_bf16_with_float32_state(name):
+    """--dtype bfloat16 with the default --state-dtype float32: half-precision activations
+    meet float32 conv and SSM state in the kernels."""
+    _compare(name, MAMBA2, torch.bfloat16, 5e-2)
+
+
+def _compare(name: str, packages: tuple[str, ...], dtype: torch.dtype, tol: float) -> None:
     for package in packages:
         pytest.importorskip(package, reason=f"{package} is not installed (the cuda-kernels extra)")
     cfg, model, _ = build_tiny(name)

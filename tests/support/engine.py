@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from functools import lru_cache
@@ -13,6 +14,7 @@ from replica.config import PoolConfig, ReplicaConfig
 from replica.engine.engine import Engine
 from replica.model import HybridModel, Tokenizer, build_tiny_bamba, load_model
 from replica.model.config import ModelConfig
+from tests.support.device import device_under_test, on_test_device
 from tests.support.pools import read_state
 
 MAX_STEPS = 100_000
@@ -35,12 +37,13 @@ def make_engine(
     clock: Callable[[], float] = time.monotonic,
     **replica_kwargs,
 ) -> Engine:
-    """An engine over tiny-bamba (or ``model``) with the given pool sizes, on ``clock``; strict
-    unless ``strict=False`` is given."""
+    """An engine over tiny-bamba (or ``model``) with the given pool sizes, on ``clock``, on the
+    test device (``SESSION_ROUTER_TEST_DEVICE``); strict unless ``strict=False`` is given."""
     cfg, net, tok = model or tiny_bamba()
     pools = pools or PoolConfig(max_sessions=8, kv_tokens=4096, max_context=1024)
+    pools = dataclasses.replace(pools, device=device_under_test())
     config = ReplicaConfig(pools=pools, **{"strict": True, **replica_kwargs})
-    return Engine(config, net, tok, clock=clock)
+    return Engine(config, on_test_device(net), tok, clock=clock)
 
 
 def make_checkpoint_engine(path: str, pools: PoolConfig | None = None, **replica_kwargs) -> Engine:

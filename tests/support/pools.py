@@ -16,6 +16,7 @@ from replica.pools.kv_pool import pages_for
 from replica.sessions.parking import Parker
 from replica.sessions.request import Req
 from replica.sessions.session import StreamingSession
+from tests.support.device import device_under_test
 
 TINY_MODEL = ModelConfig()
 # The two shapes of recurrent state the mamba pool holds: Mamba2's conv + SSM state (tiny-bamba)
@@ -43,7 +44,8 @@ def make_pools(
     host_kv_tokens: int = 0,
     failpoints: frozenset[str] = frozenset(),
 ):
-    """GPU pools and sessions over them (with a host tier when ``max_parked``), on a fake clock."""
+    """GPU pools and sessions over them (with a host tier when ``max_parked``), on a fake clock,
+    on the test device (``SESSION_ROUTER_TEST_DEVICE``)."""
     cfg = PoolConfig(
         max_sessions=max_sessions,
         kv_tokens=kv_tokens,
@@ -52,6 +54,7 @@ def make_pools(
         max_context=max_context,
         max_parked_sessions=max_parked,
         host_kv_tokens=host_kv_tokens,
+        device=device_under_test(),
     )
     pool = HybridReqToTokenPool(model, cfg)
     clock = FakeClock()
@@ -99,9 +102,9 @@ def grow(pool: HybridReqToTokenPool, req: Req, new_tokens: int) -> None:
 
 
 def read_state(sessions: StreamingSession, session_id: str) -> dict[str, torch.Tensor]:
-    """An idle session's state, copied from wherever it lives (GPU or host tier): its live mamba
-    state ``conv``/``ssm`` ``[layers, ...]`` and the ``k``/``v`` of its committed positions
-    ``[attention layers, committed_len, heads, head_dim]``."""
+    """An idle session's state, copied to the CPU from wherever it lives (GPU or host tier): its
+    live mamba state ``conv``/``ssm`` ``[layers, ...]`` and the ``k``/``v`` of its committed
+    positions ``[attention layers, committed_len, heads, head_dim]``."""
     slot = sessions.get(session_id)
     assert slot.turn is None, f"session {session_id} has a turn running"
     n = slot.committed_len
@@ -116,9 +119,9 @@ def read_state(sessions: StreamingSession, session_id: str) -> dict[str, torch.T
         pool = sessions.pool
         mamba, kv, idx = pool.mamba_pool, pool.kv_pool, slot.seq.mamba_pool_idx
         token_slots = pool.req_to_token[slot.req_pool_idx, :n].long()
-    return {
-        "conv": mamba.conv_all[:, idx].clone(),
-        "ssm": mamba.ssm_all[:, idx].clone(),
-        "k": kv.k_all[:, token_slots].clone(),
-        "v": kv.v_all[:, token_slots].clone(),
+    return {  # on the CPU, wherever the pools are (so tests compare them with CPU tensors)
+        "conv": mamba.conv_all[:, idx].to("cpu", copy=True),
+        "ssm": mamba.ssm_all[:, idx].to("cpu", copy=True),
+        "k": kv.k_all[:, token_slots].to("cpu", copy=True),
+        "v": kv.v_all[:, token_slots].to("cpu", copy=True),
     }

@@ -79,6 +79,23 @@ def wait_ready(
     return value
 
 
+def spawn(log: Path, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``session-router serve ARGS`` on ports 0 of 127.0.0.1, its output in ``log``, in a user's
+    environment (``user_env``) with ``env`` over it."""
+    cmd = [sys.executable, "-m", "router.ops.cli", "serve", *args]
+    cmd += ["--grpc-port", "0", "--metrics-port", "0", "--host", "127.0.0.1"]
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=user_env(**(env or {})),
+            start_new_session=True,
+        )
+
+
 @dataclass
 class ServeProcess:
     proc: subprocess.Popen
@@ -98,22 +115,12 @@ class ServeProcess:
         env: dict[str, str] | None = None,
         ready_timeout: float = 120.0,
     ) -> ServeProcess:
-        """Start serve with ``args`` on ports 0 of 127.0.0.1; returns once it prints ready."""
-        cmd = [sys.executable, "-m", "router.ops.cli", "serve", *args]
-        cmd += ["--grpc-port", "0", "--metrics-port", "0", "--host", "127.0.0.1"]
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                cmd,
-                cwd=REPO,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=user_env(**(env or {})),
-                start_new_session=True,
-            )
+        """Start serve with ``args`` on ports 0 of 127.0.0.1, in a user's environment; returns
+        once it prints ready."""
+        proc = spawn(log, args, env)
         ready = re.compile(r"^session-router: ready\b", re.M)
         text = wait_ready(
-            proc, log, lambda: ready.search(t := log.read_text()) and t, ready_timeout, cmd[3:5]
+            proc, log, lambda: ready.search(t := log.read_text()) and t, ready_timeout, args
         )
         grpc_line = re.search(r"^session-router: gRPC listening on (127\.0\.0\.1:\d+)$", text, re.M)
         metrics_line = re.search(

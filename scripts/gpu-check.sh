@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The checks that need a GPU, in one run: scripts/gpu-check.sh [--quick]
+#
+#   1. the fused-kernel and GPU pool tests (tests/gpu/): fail unless every one runs, none skipped
+#      (a missing `cuda-kernels` extra skips them: install it, `pip install -e .[cuda-kernels]`);
+#      among them: host pools and the copier's staging buffer pinned, bf16 state copies of slots
+#      over 32 MiB both ways;
+#   2. the engine, pool, parking and migration tests with every engine and pool fixture on CUDA
+#      (SESSION_ROUTER_TEST_DEVICE=cuda);
+#   3. bench.decode, bench.park_restore and bench.vs_transformers on the GPU, their tables printed.
+#
+# Fails at once, saying why, on a machine without CUDA. Python: $PYTHON, else .venv/bin/python.
+# Logs and JUnit reports go to $GPU_CHECK_OUT (default: a fresh temporary directory).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+QUICK=()
+[ "${1:-}" = "--quick" ] && QUICK=(--quick)
+OUT=${GPU_CHECK_OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
+
+fail() {
+    echo "gpu-check: FAILED: $*" >&2
+    exit 1
+}
+step() { echo; echo "=== gpu-check: $* ==="; }
+
+step "CUDA"
+"$PY" - <<'EOF' || fail "no CUDA device here: this check runs only where torch sees a GPU"
+import sys
+
+import torch
+
+if not torch.cuda.is_available():
+    print(f"torch {torch.__version__} (CUDA build {torch.version.cuda}) sees no CUDA device",
+          file=sys.stderr)
+    sys.exit(1)
+props = torch.cuda.get_device_properties(0)
+print(f"{props.name}, {props.total_memory / 2**30:.0f} GiB, sm_{props.major}{props.minor}; "
+      f"torch {torch.__version__}, CUDA {torch.version.cuda}")
+EOF
+
+# pytest with a JUnit report; fails unless everything passed and nothing was skipped.
+run_tests() {
+    local name=$1
+    shift
+    local report="$OUT/$name.xml"
+    "$PY" -m pytest -q -rs -p no:cacheprovider --junitxml="$report" "$@" \
+        || fail "$name: tests failed (report: $report)"
+    "$PY" - "$report" <<'EOF' || fail "$name: tests were skipped; every one must run on a GPU"
+import sys
+import xml.etree.ElementTree as ET
+
+suites = ET.parse(sys.argv[1]).getroot().iter("testsuite")
+counts = [(int(s.get("tests", 0)), int(s.get("skipped", 0))) for s in suites]
+tests, skipped = sum(t for t, _ in counts), sum(s for _, s in counts)
+print(f"{tests} tests, {skipped} skipped")
+sys.exit(1 if skipped or not tests else 0)
+EOF
+}
+
+step "fused kernels and GPU pools (tests/gpu), none skipped"
+run_tests gpu tests/gpu
+
+step "engine, pool, parking and migration tests on CUDA"
+export SESSION_ROUTER_TEST_DEVICE=cuda
+run_tests engine-on-cuda \
+    tests/test_engine.py tests/test_engine_churn.py tests/test_engine_peer.py \
+    tests/test_engine_state_machine.py tests/test_batched_prefill.py \
+    tests/test_pools.py tests/test_pool_state_machine.py tests/test_slot_allocator.py \
+    tests/test_state_copy.py tests/test_parking.py tests/test_parking_exact.py \
+    tests/test_migration_exact.py tests/test_checkpoint_accounting.py \
+    tests/models/test_family_engine.py tests/models/test_family_dtypes.py
+unset SESSION_ROUTER_TEST_DEVICE
+
+step "bench.decode (cuda)"
+"$PY" -m bench.decode --device cuda "${QUICK[@]}" | tee "$OUT/bench-decode.txt" \
+    || fail "bench.decode"
+step "bench.park_restore (cuda)"
+"$PY" -m bench.park_restore --device cuda "${QUICK[@]}" | tee "$OUT/bench-park-restore.txt" \
+    || fail "bench.park_restore"
+step "bench.vs_transformers (cuda, bfloat16)"
+ROUNDS=3
+[ ${#QUICK[@]} -gt 0 ] && ROUNDS=1
+"$PY" -m bench.vs_transformers --device cuda --dtype bfloat16 --rounds "$ROUNDS" \
+    | tee "$OUT/bench-vs-transformers.txt" || fail "bench.vs_transformers"
+
+echo
+echo "gpu-check: passed (logs in $OUT)"
