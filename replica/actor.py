@@ -58,6 +58,7 @@ class ReplicaActor(SessionsAPI, TurnCalls, SessionMovesAPI, CheckpointsAPI):
         import torch
 
         from replica.engine.engine import Engine
+        from replica.generation import GenerationDefaults
         from replica.model import load
 
         if config.threads:
@@ -68,7 +69,8 @@ class ReplicaActor(SessionsAPI, TurnCalls, SessionMovesAPI, CheckpointsAPI):
         pools = dataclasses.replace(config.pools, device=device)
         self.config = dataclasses.replace(config, pools=pools)
         self.tokenizer = tokenizer
-        self.engine = Engine(self.config, net, tokenizer, replica_id)
+        generation = GenerationDefaults.from_checkpoint(config.model_path)
+        self.engine = Engine(self.config, net, tokenizer, replica_id, generation=generation)
         self.router = router
         self.report_interval_s = report_interval_s
         self.outputs = GatewayOutputs(on_gone=self._gateway_gone)
