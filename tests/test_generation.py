@@ -10,12 +10,10 @@ from __future__ import annotations
 import json
 import random
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
 import transformers
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from replica.api import FinishReason, SamplingParams
 from replica.config import PoolConfig
@@ -23,15 +21,17 @@ from replica.engine.engine import Engine
 from replica.generation import GenerationDefaults
 from replica.model import ByteTokenizer, load_model
 from replica.model.tokenizer import TextStream
+from tests.support.bpe_peer import (
+    CORPUS,
+    first_new_at,
+    hf_generate,
+    save_bpe_peer,
+    stop_across_tokens,
+    with_generation_config,
+)
 from tests.support.engine import close_and_check, make_checkpoint_engine, make_engine
-from tests.support.hf_peer import VOCAB, tiny_hf_bamba
+from tests.support.hf_peer import VOCAB
 
-CORPUS = [
-    "the session keeps its state between turns",
-    "hello there, how are you today? très bien, merci",
-    "mamba slots are freed when a session ends ✓",
-    "stream the tokens as they come 🙂 — naïve café",
-] * 20
 PROMPT = "hello there, how are"
 NEW = 14
 POOLS = PoolConfig(max_sessions=4, kv_tokens=1024, max_context=256, page_size=16)
@@ -39,40 +39,9 @@ POOLS = PoolConfig(max_sessions=4, kv_tokens=1024, max_context=256, page_size=16
 
 @pytest.fixture(scope="module")
 def peer(tmp_path_factory):
-    """(transformers model, checkpoint dir): a tiny Bamba with no EOS of its own, saved with a
-    BPE tokenizer."""
+    """(transformers model, checkpoint dir)."""
     path = tmp_path_factory.mktemp("gen-peer")
-    hf = tiny_hf_bamba(seed=7)
-    hf.save_pretrained(str(path))
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB,
-        special_tokens=["<unk>", "<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(CORPUS, trainer)
-    tok.save(str(path / "tokenizer.json"))
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "</s>"}
-    (path / "tokenizer_config.json").write_text(json.dumps(config))
-    return hf, str(path)
-
-
-def with_generation_config(src: str, dst: Path, config: dict) -> str:
-    """A copy of the checkpoint ``src`` whose ``generation_config.json`` is ``config``."""
-    shutil.copytree(src, dst)
-    (dst / "generation_config.json").write_text(json.dumps(config))
-    return str(dst)
-
-
-def hf_generate(model, prompt: list[int], new: int, **kwargs) -> list[int]:
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        out = model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False, **kwargs
-        )
-    return out[0, len(prompt) :].tolist()
+    return save_bpe_peer(path, seed=7), str(path)
 
 
 def turn(engine: Engine, sid: str, ids: list[int], sampling: SamplingParams):
@@ -97,11 +66,6 @@ def greedy_run(peer):
     hf, path = peer
     prompt = load_model(path)[2].encode(PROMPT)
     return prompt, hf_generate(hf, prompt, NEW)
-
-
-def first_new_at(tokens: list[int], start: int) -> int:
-    """An index >= ``start`` whose token does not occur before it."""
-    return next(k for k in range(start, len(tokens)) if tokens[k] not in tokens[:k])
 
 
 def test_the_models_eos_ends_the_turn_where_generate_stops(peer, greedy_run, tmp_path):
@@ -199,21 +163,7 @@ def test_stop_strings_split_across_tokens(peer, greedy_run):
     engine = make_checkpoint_engine(path, POOLS)
     tok = engine.tokenizer
     full = tok.decode(tokens)
-    ends = [len(tok.decode(tokens[: i + 1])) for i in range(len(tokens))]
-
-    def stop_across(j: int) -> str | None:
-        """Up to two characters of the end of token j and of the start of token j + 1, when
-        both decode to whole characters and the string occurs first there; else None."""
-        a, b = min(2, ends[j] - ends[j - 1]), min(2, ends[j + 1] - ends[j])
-        stop = full[ends[j] - a : ends[j] + b]
-        whole = "\ufffd" not in full[ends[j - 1] : ends[j + 1]]
-        whole = whole and tok.decode(tokens[: j + 1]) == full[: ends[j]]
-        return stop if a and b and whole and full.find(stop) == ends[j] - a else None
-
-    # the boundary with the longest such string (tokens of several characters, if any)
-    j = max(range(2, len(tokens) - 2), key=lambda j: len(stop_across(j) or ""))
-    stop = stop_across(j)
-    assert stop is not None
+    j, stop = stop_across_tokens(tok, tokens)
     engine.open_session("s")
     sampling = SamplingParams(max_new_tokens=48, stop=("never there", stop))
     got, text, reason, committed = turn(engine, "s", prompt, sampling)

@@ -2,7 +2,9 @@
 chunk) boundaries, and holds back what may be the start of one.
 
 ``feed(piece)`` returns the text now safe to stream and whether a stop string is complete; once
-one is, the text from its first character on is never returned (nor anything after it). The text
+one is, the text from its first character on is never returned (nor anything after it). The
+match is the one that completes first in the text (the longest of those ending there), so what
+streams does not depend on how the text was cut into pieces. The text
 held back is the longest tail that is a proper prefix of some stop string, so text streams as soon
 as it can no longer be part of a match. One per turn.
 """
@@ -23,9 +25,10 @@ class StopStrings:
         if not self.stops:
             return piece, False
         text = self._held + piece
-        hits = [(i, s) for s in self.stops if (i := text.find(s)) >= 0]
+        # the match that completes first (then the longest), whatever the pieces' cuts
+        hits = [(i + len(s), i, s) for s in self.stops if (i := text.find(s)) >= 0]
         if hits:
-            at, self.matched = min(hits)
+            _, at, self.matched = min(hits)
             self._held = ""
             return text[:at], True
         keep = self._partial_tail(text)
