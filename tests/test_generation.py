@@ -135,6 +135,15 @@ def test_defaults_come_from_generation_config(peer, greedy_run, tmp_path):
     got, _, reason, committed = turn(engine, "s", prompt, SamplingParams())
     assert (got, reason, committed) == (tokens[:5], FinishReason.LENGTH, len(prompt) + 5)
     close_and_check(engine)
+    # a default longer than the context has room for is cut to the room (never an overflow)
+    ckpt = with_generation_config(path, tmp_path / "long", {"max_new_tokens": 100_000})
+    engine = make_checkpoint_engine(ckpt, POOLS)
+    engine.open_session("s")
+    resolved = engine.submit("s", prompt, SamplingParams()).sampling
+    assert resolved.max_new_tokens == POOLS.max_context - len(prompt)
+    engine.interrupt("s")
+    drain_all(engine)
+    close_and_check(engine)
     bare = tmp_path / "bare"
     shutil.copytree(path, bare)
     (bare / "generation_config.json").unlink(missing_ok=True)

@@ -129,8 +129,9 @@ class Engine(SessionOps):
         """Queue a turn; its events go to ``gateway_id`` (from now on, the session's gateway).
         Validates everything up front; raises a typed ``ReplicaError``."""
         slot = self.sessions.get(session_id)
-        context = slot.committed_tokens + len(slot.pending_ids) + len(input_ids)
-        sampling = self.generation.apply(sampling or SamplingParams(), context)
+        context = slot.committed_tokens + len(input_ids)  # committed_tokens counts pending ones
+        room = self.config.pools.max_context - context
+        sampling = self.generation.apply(sampling or SamplingParams(), context, room)
         if slot.moving:
             raise SessionMovingError(
                 f"session {session_id} is moving to another replica; ask the router where"

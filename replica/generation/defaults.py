@@ -50,17 +50,23 @@ class GenerationDefaults:
             max_length=_int_or_none(gen.get("max_length")),
         )
 
-    def apply(self, sampling: SamplingParams, context_tokens: int) -> SamplingParams:
+    def apply(
+        self, sampling: SamplingParams, context_tokens: int, room: int | None = None
+    ) -> SamplingParams:
         """``sampling`` with every unset field filled in and the model's EOS ids attached (none
         with ``ignore_eos``); ``context_tokens`` is the session's length once the turn's input is
-        in (what ``max_length`` counts against)."""
+        in (what ``max_length`` counts against). The checkpoint's ``max_new_tokens`` is capped at
+        ``room`` (what the session's context has left), so leaving it unset never overflows the
+        context; a value the request sets, and the built-in 16, are checked as sent."""
         new = sampling.max_new_tokens
         if new is None:
             if self.max_new_tokens is not None:
                 new = self.max_new_tokens
             elif self.max_length is not None:
                 new = max(0, self.max_length - context_tokens)
-            else:
+            if new is not None and room is not None:
+                new = max(0, min(new, room))
+            if new is None:
                 new = BUILTIN_MAX_NEW_TOKENS
         pick = lambda value, default: default if value is None else value  # noqa: E731
         return dataclasses.replace(
