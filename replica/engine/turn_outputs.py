@@ -7,8 +7,8 @@ commits what it folded in (0).
 It takes each sampled token into its turn (text through the turn's ``TurnText``; the end at the
 model's EOS, a stop id or stop string of the request, or ``max_new_tokens``), ends turns
 (``commit``: the session keeps what the turn produced; ``fail``: the session rolls back to its
-checkpoint), and collects the
-``TurnEvent``s produced since the last ``take``, each addressed to its session's gateway.
+checkpoint), and collects the ``TurnEvent``s produced since the last ``take``, each addressed
+to its session's gateway.
 A turn's sampling generator and text exist from ``start`` (its input is folded in) until
 it ends; every way a turn ends goes through here, so neither outlives its turn. Owned by the
 engine and used on its thread only.
