@@ -58,20 +58,25 @@ class ReplicaActor(SessionsAPI, TurnCalls, SessionMovesAPI, CheckpointsAPI):
         import torch
 
         from replica.engine.engine import Engine
+        from replica.generation import GenerationDefaults
         from replica.model import load
+        from replica.model.factory import BUILTINS
+        from replica.model.source import resolve
 
         if config.threads:
             torch.set_num_threads(config.threads)
         device = "cuda" if torch.cuda.is_available() else "cpu"
         self.replica_id = replica_id
         # The hub id (if --model is one) resolves here, in this node's cache (replica.model.source)
+        source = resolve(config.model_name, frozenset(BUILTINS), config.revision)
         _, net, tokenizer = load(
-            config.model_name, device=device, dtype=config.weights_dtype, revision=config.revision
+            source.path or source.builtin, device=device, dtype=config.weights_dtype
         )
         pools = dataclasses.replace(config.pools, device=device)
         self.config = dataclasses.replace(config, pools=pools)
         self.tokenizer = tokenizer
-        self.engine = Engine(self.config, net, tokenizer, replica_id)
+        generation = GenerationDefaults.from_checkpoint(source.path)
+        self.engine = Engine(self.config, net, tokenizer, replica_id, generation=generation)
         self.router = router
         self.report_interval_s = report_interval_s
         self.outputs = GatewayOutputs(on_gone=self._gateway_gone)

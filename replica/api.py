@@ -160,31 +160,54 @@ class ActorError:
 MIN_TEMPERATURE = 1e-5
 
 
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """Validated on construction; out-of-range values raise ``InvalidRequestError``.
     Temperatures below ``MIN_TEMPERATURE`` (0 included) are greedy: at such a temperature
-    sampling is greedy to within float precision, and ``logits / temperature`` would overflow."""
+    sampling is greedy to within float precision, and ``logits / temperature`` would overflow.
 
-    max_new_tokens: int = 16
-    temperature: float = 0.0  # 0 (or below MIN_TEMPERATURE): greedy
-    top_p: float = 1.0  # 0 or 1: off
+    ``None`` is "unset": the engine fills it from the checkpoint's ``generation_config.json``
+    (``GenerationDefaults.apply``), else from the built-in default (16 new tokens, greedy, top_p
+    and top_k off); the turns it runs always carry concrete values. The model's EOS ids end a turn
+    (FINISH_REASON_STOP) unless ``ignore_eos``; ``stop`` strings end it at the token that completes
+    one, and are not streamed."""
+
+    max_new_tokens: int | None = None
+    temperature: float | None = None  # 0 (or below MIN_TEMPERATURE): greedy
+    top_p: float | None = None  # 1: off
     seed: int = 0
     stop_token_ids: tuple[int, ...] = ()
+    top_k: int | None = None  # 0: off
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    eos_token_ids: tuple[int, ...] = ()  # the model's, set by the engine (GenerationDefaults)
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 0:
+        if self.max_new_tokens is not None and self.max_new_tokens < 0:
             raise InvalidRequestError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
-        if not 0.0 <= self.temperature <= 100.0 or self.temperature != self.temperature:
-            raise InvalidRequestError(f"temperature must be in [0, 100], got {self.temperature}")
-        if not 0.0 <= self.top_p <= 1.0 or self.top_p != self.top_p:
+        t = self.temperature
+        if t is not None and (not 0.0 <= t <= 100.0 or t != t):
+            raise InvalidRequestError(f"temperature must be in [0, 100], got {t}")
+        if self.top_p is not None and (not 0.0 <= self.top_p <= 1.0 or self.top_p != self.top_p):
             raise InvalidRequestError(f"top_p must be in [0, 1], got {self.top_p}")
+        if self.top_k is not None and self.top_k < 0:
+            raise InvalidRequestError(f"top_k must be >= 0, got {self.top_k}")
         if not 0 <= self.seed < 2**64:
             raise InvalidRequestError(f"seed must be in [0, 2**64), got {self.seed}")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise InvalidRequestError(f"at most {MAX_STOP_STRINGS} stop strings")
+        if any(not s or len(s) > MAX_STOP_STRING_CHARS for s in self.stop):
+            raise InvalidRequestError(
+                f"stop strings must be 1 to {MAX_STOP_STRING_CHARS} characters long"
+            )
 
     @property
     def greedy(self) -> bool:
-        return self.temperature < MIN_TEMPERATURE
+        return (self.temperature or 0.0) < MIN_TEMPERATURE
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,13 +54,21 @@ def generate_request(
     top_p: float = 0.0,
     seed: int = 0,
     stop_token_ids: Iterable[int] = (),
+    stop: Iterable[str] = (),
+    top_k: int | None = None,
+    ignore_eos: bool = False,
 ) -> pb.GenerateRequest:
+    """``top_k`` None and ``top_p`` 0 leave them to the model's defaults; the model's EOS ends
+    the turn unless ``ignore_eos``; ``stop`` strings end it and are not streamed."""
     sampling = pb.SamplingParams(
         max_new_tokens=max_new_tokens,
         temperature=temperature,
         top_p=top_p,
         seed=seed,
         stop_token_ids=list(stop_token_ids),
+        stop=list(stop),
+        top_k=top_k,
+        ignore_eos=ignore_eos,
     )
     request = pb.GenerateRequest(session_id=session_id, sampling=sampling)
     if text is not None:

@@ -403,6 +403,10 @@ def test_typed_errors():
         {"max_new_tokens": -1},
         {"seed": -1},
         {"seed": 2**64},
+        {"top_k": -1},
+        {"stop": ("",)},
+        {"stop": ("x" * 257,)},
+        {"stop": tuple("abcdefghijklmnopq")},  # 17 stop strings
     ):
         with pytest.raises(InvalidRequestError):
             SamplingParams(**kwargs)

@@ -10,7 +10,6 @@ import torch
 
 from replica.model import (
     ByteTokenizer,
-    IncrementalDetokenizer,
     LayerBuffers,
     build_tiny_bamba,
     load,
@@ -18,6 +17,7 @@ from replica.model import (
     save_checkpoint,
 )
 from replica.model.config import ModelConfig
+from replica.model.tokenizer import TextStream
 
 TEXT = (
     "Sessions keep their Mamba state on one replica; each turn continues from it. "
@@ -160,9 +160,9 @@ def test_factory_and_tokenizer():
     text = "héllo ✓ 🙂!"
     ids = tok.encode(text)
     assert tok.decode(ids + [tok.eos_token_id, 300]) == text
-    detok = IncrementalDetokenizer(tok)
+    detok = TextStream(tok)
     pieces = [detok.push(i) for i in ids]
     assert "".join(pieces) + detok.flush() == text
     assert all("\ufffd" not in p for p in pieces)
-    broken = IncrementalDetokenizer(tok)
+    broken = TextStream(tok)
     assert "".join(broken.push(i) for i in [0xF0, 0x9F, ord("a")]) + broken.flush() == "\ufffda"

@@ -45,6 +45,7 @@ from replica.engine.scheduler import Scheduler
 from replica.engine.session_ops import SessionOps
 from replica.engine.turn_check import check_turn
 from replica.engine.turn_outputs import TurnOutputs
+from replica.generation.defaults import GenerationDefaults
 from replica.model import HybridModel, Tokenizer
 from replica.model.fingerprint import model_fingerprint
 from replica.pools.hybrid_pool import HybridReqToTokenPool
@@ -66,13 +67,16 @@ class Engine(SessionOps):
         tokenizer: Tokenizer,
         replica_id: str = "replica-0",
         clock: Callable[[], float] = time.monotonic,
+        generation: GenerationDefaults | None = None,
     ) -> None:
         """``clock`` is what idle timeouts and stream leases are measured by (tests pass
-        their own)."""
+        their own); ``generation`` fills what a turn's sampling leaves unset and gives the
+        model's EOS ids (none: the built-in defaults, no EOS)."""
         # KV "auto" is the weights' dtype: resolved here, where the model is known
         pools = config.pools.with_weights_dtype(model.embed_tokens.weight.dtype)
         config = dataclasses.replace(config, pools=pools)
         self.config = config
+        self.generation = generation or GenerationDefaults()
         self.replica_id = replica_id
         self.incarnation = uuid.uuid4().hex[:12]
         self.tokenizer = tokenizer
@@ -128,8 +132,10 @@ class Engine(SessionOps):
     ) -> Req:
         """Queue a turn; its events go to ``gateway_id`` (from now on, the session's gateway).
         Validates everything up front; raises a typed ``ReplicaError``."""
-        sampling = sampling or SamplingParams()
         slot = self.sessions.get(session_id)
+        context = slot.committed_tokens + len(input_ids)  # committed_tokens counts pending ones
+        room = self.config.pools.max_context - context
+        sampling = self.generation.apply(sampling or SamplingParams(), context, room)
         if slot.moving:
             raise SessionMovingError(
                 f"session {session_id} is moving to another replica; ask the router where"

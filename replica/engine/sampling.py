@@ -6,7 +6,9 @@ seed on the same session state gives the same tokens, whatever else is in the ba
 Sampling never fails a step: each row gets its token or a ``SamplingError`` that fails only its
 own turn. A row whose logits are not finite (NaN or inf from the model) is refused rather than
 sampled from garbage; temperatures below ``MIN_TEMPERATURE`` are greedy (``SamplingParams``), so
-``logits / temperature`` cannot overflow.
+``logits / temperature`` cannot overflow. ``top_k`` keeps the k most likely tokens, then ``top_p``
+the smallest set of those reaching p (the order transformers applies them in); ``top_k`` 1 is
+greedy.
 """
 
 from __future__ import annotations
@@ -28,15 +30,23 @@ def make_generator(req: Req) -> torch.Generator | None:
 
 
 def sample_row(
-    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator
+    logits: torch.Tensor,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator,
+    top_k: int = 0,
 ) -> int:
     probs = torch.softmax(logits.float().cpu() / temperature, dim=-1)
     if not bool(torch.isfinite(probs).all()):
         raise SamplingError(f"temperature {temperature} gave non-finite probabilities")
-    if 0.0 < top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        keep = sorted_probs.cumsum(-1) - sorted_probs < top_p  # the smallest set reaching top_p
-        sorted_probs = sorted_probs * keep
+    if 0 < top_k < probs.numel() or 0.0 < top_p < 1.0:
+        sorted_probs, order = probs.sort(descending=True, stable=True)
+        if 0 < top_k < probs.numel():
+            sorted_probs[top_k:] = 0.0
+            sorted_probs = sorted_probs / sorted_probs.sum()
+        if 0.0 < top_p < 1.0:
+            keep = sorted_probs.cumsum(-1) - sorted_probs < top_p  # smallest set reaching top_p
+            sorted_probs = sorted_probs * keep
         choice = torch.multinomial(sorted_probs, 1, generator=generator)
         return int(order[choice])
     return int(torch.multinomial(probs, 1, generator=generator))
@@ -56,7 +66,8 @@ def sample(
         if gen is None:
             continue
         try:
-            tokens[b] = sample_row(logits[b], req.sampling.temperature, req.sampling.top_p, gen)
+            s = req.sampling
+            tokens[b] = sample_row(logits[b], s.temperature, s.top_p, gen, s.top_k)
         except (RuntimeError, SamplingError) as exc:  # torch raises RuntimeError on bad input
             tokens[b] = exc if isinstance(exc, SamplingError) else SamplingError(str(exc))
     return tokens

@@ -4,11 +4,12 @@ A turn that finishes (stop token, max_new_tokens) or is interrupted (barge-in) i
 turn that is cancelled or fails rolls the session back to its checkpoint (track buffers >= 1) or
 commits what it folded in (0).
 
-It takes each sampled token into its turn (text through the turn's incremental detokenizer,
-the end at a stop token or ``max_new_tokens``), ends turns (``commit``: the session keeps what
-the turn produced; ``fail``: the session rolls back to its checkpoint), and collects the
-``TurnEvent``s produced since the last ``take``, each addressed to its session's gateway.
-A turn's sampling generator and detokenizer exist from ``start`` (its input is folded in) until
+It takes each sampled token into its turn (text through the turn's ``TurnText``; the end at the
+model's EOS, a stop id or stop string of the request, or ``max_new_tokens``), ends turns
+(``commit``: the session keeps what the turn produced; ``fail``: the session rolls back to its
+checkpoint), and collects the ``TurnEvent``s produced since the last ``take``, each addressed
+to its session's gateway.
+A turn's sampling generator and text exist from ``start`` (its input is folded in) until
 it ends; every way a turn ends goes through here, so neither outlives its turn. Owned by the
 engine and used on its thread only.
 """
@@ -23,7 +24,8 @@ import torch
 from replica.api import FinishReason, StatusCode, TurnEvent
 from replica.engine.sampling import make_generator, sample
 from replica.engine.scheduler import Scheduler, input_left
-from replica.model import IncrementalDetokenizer, Tokenizer
+from replica.engine.turn_text import TurnText
+from replica.model import Tokenizer
 from replica.sessions.request import Req
 from replica.sessions.session import SessionSlot, StreamingSession
 
@@ -38,7 +40,7 @@ class TurnOutputs:
         self.scheduler = scheduler
         self.sessions = sessions
         self.generators: dict[int, torch.Generator | None] = {}  # by turn id
-        self._detok: dict[int, IncrementalDetokenizer] = {}
+        self._text: dict[int, TurnText] = {}  # by turn id
         self._events: list[TurnEvent] = []  # produced since the last ``take``
 
     def run(
@@ -79,19 +81,24 @@ class TurnOutputs:
         self.generators[req.rid] = make_generator(req)
 
     def accept(self, req: Req, token: int) -> None:
-        """Take the token sampled for a running turn; ends the turn at a stop token or at
+        """Take the token sampled for a running turn; ends the turn (STOP) at the model's EOS
+        (committed, its text not streamed), at a stop id or at the token that completes a stop
+        string (the string and what follows it not streamed), else (LENGTH) at
         ``max_new_tokens``."""
-        detok = self._detok.get(req.rid)
-        if detok is None:
-            detok = self._detok[req.rid] = IncrementalDetokenizer(self.tokenizer)
-        text = detok.push(token)
+        text = self._text.get(req.rid)
+        if text is None:
+            text = self._text[req.rid] = TurnText(self.tokenizer, req.sampling.stop)
         req.output_ids.append(token)
-        if token in req.sampling.stop_token_ids:
-            self.commit(req, FinishReason.STOP, (token,), text)
+        if token in req.sampling.eos_token_ids:
+            self.commit(req, FinishReason.STOP, (token,))
+            return
+        piece, stopped = text.push(token)
+        if stopped or token in req.sampling.stop_token_ids:
+            self.commit(req, FinishReason.STOP, (token,), piece)
         elif len(req.output_ids) >= req.sampling.max_new_tokens:
-            self.commit(req, FinishReason.LENGTH, (token,), text)
+            self.commit(req, FinishReason.LENGTH, (token,), piece)
         else:
-            self.emit(self.sessions.get(req.session_id), req, token_ids=(token,), text=text)
+            self.emit(self.sessions.get(req.session_id), req, token_ids=(token,), text=piece)
 
     def commit(
         self, req: Req, reason: FinishReason, tokens: tuple[int, ...] = (), text: str = ""
@@ -139,7 +146,7 @@ class TurnOutputs:
         return events
 
     def _forget(self, req: Req) -> str:
-        """Drop the turn's generator and detokenizer; returns the text it still held back."""
+        """Drop the turn's generator and text; returns the text it still held back."""
         self.generators.pop(req.rid, None)
-        detok = self._detok.pop(req.rid, None)
-        return detok.flush() if detok else ""
+        text = self._text.pop(req.rid, None)
+        return text.finish() if text else ""

@@ -19,7 +19,7 @@ from replica.model.loader import (
     load_weights,
     save_checkpoint,
 )
-from replica.model.tokenizer import ByteTokenizer, HFTokenizer, IncrementalDetokenizer, Tokenizer
+from replica.model.tokenizer import ByteTokenizer, HFTokenizer, TextStream, Tokenizer
 
 __all__ = [
     "BUILTINS",
@@ -27,8 +27,8 @@ __all__ = [
     "ByteTokenizer",
     "HFTokenizer",
     "HybridModel",
-    "IncrementalDetokenizer",
     "LayerBuffers",
+    "TextStream",
     "Tokenizer",
     "build_tiny",
     "build_tiny_bamba",

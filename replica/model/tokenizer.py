@@ -1,8 +1,9 @@
-"""Tokenizers: a byte tokenizer for tiny-bamba, a wrapper of ``tokenizer.json`` checkpoints, and an
-incremental detokenizer for streaming text out of tokens that may split UTF-8 characters.
+"""Tokenizers: a byte tokenizer for the built-in tiny models and a wrapper of ``tokenizer.json``
+checkpoints, both over a ``tokenizers.Tokenizer`` (``backend``) that streams text through
+``tokenizers.decoders.DecodeStream`` (``TextStream``).
 
-Both tokenizers provide ``encode(text) -> list[int]``, ``decode(ids) -> str`` (special ids
-skipped), ``vocab_size``, ``bos_token_id`` and ``eos_token_id``.
+Both provide ``encode(text) -> list[int]``, ``decode(ids) -> str`` (special ids skipped),
+``vocab_size``, ``bos_token_id``, ``eos_token_id`` and ``backend``.
 """
 
 from __future__ import annotations
@@ -10,11 +11,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from tokenizers import AddedToken, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as Backend
+from tokenizers.decoders import DecodeStream
+
 
 class Tokenizer(Protocol):
     vocab_size: int
     bos_token_id: int | None
     eos_token_id: int | None
+    backend: Backend
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -25,7 +31,8 @@ class ByteTokenizer:
     """Ids ``0..255`` are bytes of the UTF-8 text, ``256`` is BOS, ``257`` is EOS.
 
     ``vocab_size`` may be larger than 258 (to match a model's embedding); ids above EOS are
-    reserved and, like BOS/EOS, decode to nothing.
+    reserved and, like BOS/EOS, decode to nothing. Text is decoded by a byte-level ``backend``
+    (each byte one token, invalid UTF-8 replaced as Python's ``errors="replace"`` does).
     """
 
     BOS = 256
@@ -37,12 +44,13 @@ class ByteTokenizer:
         self.vocab_size = vocab_size
         self.bos_token_id: int | None = self.BOS
         self.eos_token_id: int | None = self.EOS
+        self.backend = _byte_backend(vocab_size)
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
 
     def decode(self, ids: Sequence[int]) -> str:
-        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+        return self.backend.decode(list(ids), skip_special_tokens=True)
 
 
 class HFTokenizer:
@@ -53,7 +61,7 @@ class HFTokenizer:
     ) -> None:
         from tokenizers import Tokenizer as _Tok
 
-        self._tok = _Tok.from_file(path)
+        self._tok = self.backend = _Tok.from_file(path)
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
@@ -69,37 +77,60 @@ class HFTokenizer:
         return self._tok.token_to_id(token)
 
 
-class IncrementalDetokenizer:
-    """Turns a stream of token ids into a stream of text pieces.
+def _byte_backend(vocab_size: int) -> Backend:
+    """Ids 0..255: the bytes, spelt as byte-level BPE spells them (so ``decoders.ByteLevel``
+    turns them back into UTF-8); the ids above are special tokens."""
+    alphabet = _byte_level_chars()
+    vocab = {alphabet[b]: b for b in range(256)}
+    special = ["<bos>", "<eos>", *(f"<reserved_{i}>" for i in range(258, vocab_size))]
+    vocab.update({token: 256 + i for i, token in enumerate(special)})
+    backend = Backend(models.WordLevel(vocab, unk_token="<eos>"))
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens([AddedToken(token, special=True) for token in special])
+    return backend
 
-    ``push(id)`` returns the text that became final with that token: nothing while the decoded
-    tail ends in an incomplete UTF-8 sequence (U+FFFD), unless ``max_pending`` tokens are already
-    held back (then the replacement character is emitted). ``flush()`` returns what is left.
-    Each push re-decodes only the last emitted piece plus the pending tokens (for tokenizers whose
-    text depends on the left context), so the cost per token stays bounded.
+
+def _byte_level_chars() -> list[str]:
+    """The character byte-level BPE (GPT-2's ``bytes_to_unicode``) spells each byte with."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    assert set(chars.values()) == set(pre_tokenizers.ByteLevel.alphabet())
+    return [chars[b] for b in range(256)]
+
+
+class TextStream:
+    """The text of a stream of token ids, piece by piece, through ``DecodeStream``.
+
+    ``push(id)`` returns the text that became final with that token ("" while the decoded tail is
+    an incomplete UTF-8 sequence, or the token is special). ``flush()`` returns what is still
+    held back (an incomplete sequence at the end, replaced as the decoder replaces it). One per
+    turn; not thread-safe.
     """
 
-    def __init__(self, tokenizer: Tokenizer, max_pending: int = 8) -> None:
-        self._tok = tokenizer
-        self._ids: list[int] = []
-        self._prefix = 0  # start of the already-emitted context re-decoded with the pending ids
-        self._read = 0  # ids before this have been emitted
-        self._max_pending = max_pending
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._backend = tokenizer.backend
+        self._stream = DecodeStream(skip_special_tokens=True)
+        self._last: list[int] = []  # the ids of the last piece emitted (left context of a flush)
+        self._held: list[int] = []  # ids pushed since then
 
     def push(self, token_id: int) -> str:
-        self._ids.append(token_id)
-        pending = len(self._ids) - self._read
-        if self._tok.decode(self._ids[self._read :]).endswith("\ufffd"):
-            if pending < self._max_pending:
-                return ""
-        return self._emit()
+        piece = self._stream.step(self._backend, token_id)
+        self._held.append(token_id)
+        if piece is None:
+            return ""
+        self._last, self._held = self._held, []
+        return piece
 
     def flush(self) -> str:
-        return self._emit() if len(self._ids) > self._read else ""
-
-    def _emit(self) -> str:
-        before = self._tok.decode(self._ids[self._prefix : self._read])
-        text = self._tok.decode(self._ids[self._prefix :])
-        piece = text[len(before) :]
-        self._prefix, self._read = self._read, len(self._ids)
-        return piece
+        if not self._held:
+            return ""
+        before = self._backend.decode(self._last, skip_special_tokens=True)
+        text = self._backend.decode(self._last + self._held, skip_special_tokens=True)
+        self._last, self._held = self._last + self._held, []
+        return text[len(before) :] if text.startswith(before) else text

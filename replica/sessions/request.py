@@ -17,11 +17,17 @@ from replica.pools.hybrid_pool import SeqSlots
 _rids = itertools.count()
 
 
+def _builtin_sampling() -> SamplingParams:
+    """What ``GenerationDefaults().apply`` gives an empty ``SamplingParams`` (a turn's sampling
+    is always concrete: the engine fills it in before the turn is made)."""
+    return SamplingParams(max_new_tokens=16, temperature=0.0, top_p=1.0, top_k=0)
+
+
 @dataclass(eq=False, slots=True)
 class Req:
     session_id: str
     input_ids: list[int]  # tokens this turn folds into the state (the session's pending first)
-    sampling: SamplingParams = field(default_factory=SamplingParams)
+    sampling: SamplingParams = field(default_factory=_builtin_sampling)
     rid: int = field(default_factory=lambda: next(_rids))
     seq: SeqSlots | None = None  # the session's slots, owned while the turn runs
     prefix_len: int = 0  # tokens folded into the session's state before this turn

@@ -38,16 +38,20 @@ def status_code(code: StatusCode) -> grpc.StatusCode:
 
 
 def sampling_from_proto(msg: pb.SamplingParams) -> SamplingParams:
-    """Raises ``InvalidRequestError`` for parameters out of range."""
+    """Raises ``InvalidRequestError`` for parameters out of range. ``top_p`` 0 and an absent
+    ``top_k`` are unset (the model's defaults); the other fields are as sent (proto3 cannot tell
+    0 from unset: ``max_new_tokens`` 0 appends only, ``temperature`` 0 is greedy)."""
     if len(msg.stop_token_ids) > MAX_STOP_TOKENS:
         raise InvalidRequestError(f"at most {MAX_STOP_TOKENS} stop tokens")
-    top_p = msg.top_p if msg.top_p != 0.0 else 1.0
     return SamplingParams(
         max_new_tokens=msg.max_new_tokens,
         temperature=msg.temperature,
-        top_p=top_p,
+        top_p=msg.top_p if msg.top_p != 0.0 else None,
         seed=msg.seed,
         stop_token_ids=tuple(msg.stop_token_ids),
+        top_k=msg.top_k if msg.HasField("top_k") else None,
+        stop=tuple(msg.stop),
+        ignore_eos=msg.ignore_eos,
     )
 
 

@@ -12,6 +12,7 @@ import torch
 from replica.api import FinishReason, SamplingParams, TurnEvent
 from replica.config import PoolConfig, ReplicaConfig
 from replica.engine.engine import Engine
+from replica.generation import GenerationDefaults
 from replica.model import HybridModel, Tokenizer, build_tiny_bamba, load_model
 from replica.model.config import ModelConfig
 from tests.support.device import device_under_test, on_test_device
@@ -35,20 +36,24 @@ def make_engine(
     pools: PoolConfig | None = None,
     model: tuple[ModelConfig, HybridModel, Tokenizer] | None = None,
     clock: Callable[[], float] = time.monotonic,
+    generation: GenerationDefaults | None = None,
     **replica_kwargs,
 ) -> Engine:
     """An engine over tiny-bamba (or ``model``) with the given pool sizes, on ``clock``, on the
-    test device (``SESSION_ROUTER_TEST_DEVICE``); strict unless ``strict=False`` is given."""
+    test device (``SESSION_ROUTER_TEST_DEVICE``), with the generation defaults ``generation``
+    (none: the built-in ones); strict unless ``strict=False`` is given."""
     cfg, net, tok = model or tiny_bamba()
     pools = pools or PoolConfig(max_sessions=8, kv_tokens=4096, max_context=1024)
     pools = dataclasses.replace(pools, device=device_under_test())
     config = ReplicaConfig(pools=pools, **{"strict": True, **replica_kwargs})
-    return Engine(config, on_test_device(net), tok, clock=clock)
+    return Engine(config, on_test_device(net), tok, clock=clock, generation=generation)
 
 
 def make_checkpoint_engine(path: str, pools: PoolConfig | None = None, **replica_kwargs) -> Engine:
-    """A strict engine over the HF-format checkpoint at ``path``."""
-    return make_engine(pools, load_model(path), **replica_kwargs)
+    """A strict engine over the HF-format checkpoint at ``path``, with its generation defaults
+    (as a replica serving it has)."""
+    generation = GenerationDefaults.from_checkpoint(path)
+    return make_engine(pools, load_model(path), generation=generation, **replica_kwargs)
 
 
 def greedy(max_new_tokens: int, stop: Sequence[int] = ()) -> SamplingParams:
