@@ -163,7 +163,11 @@ class Residency:
                 continue
             victims.append(slot)
             rows, mamba = rows + 1, mamba + per_seq
-            kv += self.kv.held_tokens(slot.committed_len)
+            # what parking it frees: its pages no other row shares (a page shared with another
+            # victim is not counted, so the estimate never promises room that does not appear)
+            kv += self.kv.freed_by_release(
+                self.pool.req_to_token, slot.req_pool_idx, slot.committed_len
+            )
         return victims if rows >= seqs and mamba >= seqs * per_seq and kv >= kv_tokens else None
 
     # ----- moves ----------------------------------------------------------------------------

@@ -223,6 +223,10 @@ class StreamingSession:
         """KV token slots (whole pages) held by sessions whose row is not in ``active``."""
         return sum(self.kv.held_tokens(s.committed_len) for s in self._idle(active))
 
+    def session_held_rows(self, active: Collection[int]) -> list[tuple[int, int]]:
+        """``(req row, KV positions)`` of the resident sessions whose row is not in ``active``."""
+        return [(s.req_pool_idx, s.committed_len) for s in self._idle(active)]
+
     def session_held_req_slots(self, active: Collection[int]) -> int:
         return len(self._idle(active))
 
