@@ -179,3 +179,26 @@ def test_forks_after_the_parent_moved(peer, page_size):
     assert run_turn(target, "p", c, greedy(6))[0] == hf_greedy(hf, a + o1 + c, 6)
     close_and_check(source)
     close_and_check(target)
+
+
+def test_a_forks_checkpoint_restores_it_on_another_engine(peer, page_size):
+    """A fork is checkpointed when it is made, with its own copy of the shared pages: restored
+    from that record alone (as failover does), it continues as the parent would."""
+    hf, path = peer
+    source = make_checkpoint_engine(
+        path, pools(page_size), max_prefill_chunk=24, session_checkpoints=True
+    )
+    source.checkpoints.enabled = True  # as when a checkpoint store follows the replica
+    a, b = token_ids(27, 19), token_ids(6, 20)
+    source.open_session("p")
+    o1, _, _ = run_turn(source, "p", a, greedy(5))
+    source.take_checkpoints()
+    source.fork_session("p", "c")
+    (record,) = source.take_checkpoints().saved
+    assert [m.session_id for m in record.sessions] == ["c"]
+    source.close_all()  # the replica is gone, with every page it shared
+    target = make_checkpoint_engine(path, pools(page_size), max_prefill_chunk=24)
+    target.moves.import_([record])
+    assert run_turn(target, "c", b, greedy(7))[0] == hf_greedy(hf, a + o1 + b, 7)
+    close_and_check(source)
+    close_and_check(target)
