@@ -81,7 +81,8 @@ class KVTokenPool:
         first_new_page = pages_for(old_len, p)
         first_ord = old_len // p
         last_page = int(req_to_token[row, old_len - 1]) // p if first_ord < first_new_page else -1
-        cow = last_page >= 0 and self.page_allocator.refcount(last_page) > 1
+        shared = self.page_allocator.shared_refs > 0  # a plain int: no tensor op when not
+        cow = last_page >= 0 and shared and self.page_allocator.refcount(last_page) > 1
         new_pages = self.page_allocator.alloc(pages_for(new_len, p) - first_new_page + int(cow))
         if cow:
             last_page = self._copy_on_write(
