@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bprotos/session_router.proto\x12\x11session_router.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xb2\x01\n\x0eSamplingParams\x12\x16\n\x0emax_new_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12\x16\n\x0estop_token_ids\x18\x05 \x03(\x05\x12\x12\n\nignore_eos\x18\x06 \x01(\x08\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x12\n\x05top_k\x18\x08 \x01(\rH\x00\x88\x01\x01\x42\x08\n\x06_top_k\",\n\x12OpenSessionRequest\x12\x16\n\x0eidle_timeout_s\x18\x01 \x01(\x01\"\x8d\x01\n\x07Session\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x18\n\x10\x63ommitted_tokens\x18\x03 \x01(\r\x12\x1a\n\x12max_context_tokens\x18\x04 \x01(\r\x12\x14\n\x0cturn_running\x18\x05 \x01(\x08\x12\x0e\n\x06parked\x18\x06 \x01(\x08\"\xa2\x01\n\x0fGenerateRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12-\n\x06tokens\x18\x03 \x01(\x0b\x32\x1b.session_router.v1.TokenIdsH\x00\x12\x33\n\x08sampling\x18\x04 \x01(\x0b\x32!.session_router.v1.SamplingParamsB\x07\n\x05input\"\x82\x01\n\rGenerateChunk\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x36\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1f.session_router.v1.FinishReason\x12\x18\n\x10\x63ommitted_tokens\x18\x04 \x01(\r\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"(\n\x14\x43loseSessionResponse\x12\x10\n\x08was_open\x18\x01 \x01(\x08\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\xb8\x01\n\x0f\x43onverseRequest\x12\x35\n\x04open\x18\x01 \x01(\x0b\x32%.session_router.v1.OpenSessionRequestH\x00\x12\x33\n\x05input\x18\x02 \x01(\x0b\x32\".session_router.v1.GenerateRequestH\x00\x12\x31\n\tinterrupt\x18\x03 \x01(\x0b\x32\x1c.session_router.v1.InterruptH\x00\x42\x06\n\x04kind\"\x0b\n\tInterrupt\"{\n\x10\x43onverseResponse\x12,\n\x06opened\x18\x01 \x01(\x0b\x32\x1a.session_router.v1.SessionH\x00\x12\x31\n\x05\x63hunk\x18\x02 \x01(\x0b\x32 .session_router.v1.GenerateChunkH\x00\x42\x06\n\x04kind\"\x7f\n\tPoolStats\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\x04\x12\x0c\n\x04\x66ree\x18\x03 \x01(\x04\x12\x0e\n\x06in_use\x18\x04 \x01(\x04\x12\x14\n\x0csession_held\x18\x05 \x01(\x04\x12\x0e\n\x06\x63\x61\x63hed\x18\x06 \x01(\x04\x12\x0e\n\x06leaked\x18\x07 \x01(\x03\"\x9f\x02\n\x0bReplicaInfo\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12.\n\x05state\x18\x03 \x01(\x0e\x32\x1f.session_router.v1.ReplicaState\x12+\n\x05pools\x18\x04 \x03(\x0b\x32\x1c.session_router.v1.PoolStats\x12\x10\n\x08sessions\x18\x05 \x01(\r\x12\x17\n\x0fsessions_pinned\x18\x06 \x01(\r\x12\x18\n\x10running_requests\x18\x07 \x01(\r\x12\x18\n\x10waiting_requests\x18\x08 \x01(\r\x12\x16\n\x0esnapshot_age_s\x18\t \x01(\x01\x12\x17\n\x0fsessions_parked\x18\n \x01(\r\"\x15\n\x13ListReplicasRequest\"H\n\x14ListReplicasResponse\x12\x30\n\x08replicas\x18\x01 \x03(\x0b\x32\x1e.session_router.v1.ReplicaInfo\":\n\x13\x44rainReplicaRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07migrate\x18\x02 \x01(\x08\"y\n\x14\x44rainReplicaResponse\x12/\n\x07replica\x18\x01 \x01(\x0b\x32\x1e.session_router.v1.ReplicaInfo\x12\x19\n\x11sessions_migrated\x18\x02 \x01(\r\x12\x15\n\rsessions_left\x18\x03 \x01(\r\"*\n\x14ResumeReplicaRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\"H\n\x15ResumeReplicaResponse\x12/\n\x07replica\x18\x01 \x01(\x0b\x32\x1e.session_router.v1.ReplicaInfo\"F\n\x15MigrateSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x19\n\x11target_replica_id\x18\x02 \x01(\t*~\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1d\n\x19\x46INISH_REASON_INTERRUPTED\x10\x03*|\n\x0cReplicaState\x12\x1d\n\x19REPLICA_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15REPLICA_STATE_HEALTHY\x10\x01\x12\x1a\n\x16REPLICA_STATE_DRAINING\x10\x02\x12\x16\n\x12REPLICA_STATE_DEAD\x10\x03\x32\xc0\x03\n\x0eSessionService\x12P\n\x0bOpenSession\x12%.session_router.v1.OpenSessionRequest\x1a\x1a.session_router.v1.Session\x12R\n\x08Generate\x12\".session_router.v1.GenerateRequest\x1a .session_router.v1.GenerateChunk0\x01\x12W\n\x08\x43onverse\x12\".session_router.v1.ConverseRequest\x1a#.session_router.v1.ConverseResponse(\x01\x30\x01\x12_\n\x0c\x43loseSession\x12&.session_router.v1.CloseSessionRequest\x1a\'.session_router.v1.CloseSessionResponse\x12N\n\nGetSession\x12$.session_router.v1.GetSessionRequest\x1a\x1a.session_router.v1.Session2\x8c\x03\n\x0c\x41\x64minService\x12_\n\x0cListReplicas\x12&.session_router.v1.ListReplicasRequest\x1a\'.session_router.v1.ListReplicasResponse\x12_\n\x0c\x44rainReplica\x12&.session_router.v1.DrainReplicaRequest\x1a\'.session_router.v1.DrainReplicaResponse\x12\x62\n\rResumeReplica\x12\'.session_router.v1.ResumeReplicaRequest\x1a(.session_router.v1.ResumeReplicaResponse\x12V\n\x0eMigrateSession\x12(.session_router.v1.MigrateSessionRequest\x1a\x1a.session_router.v1.Sessionb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bprotos/session_router.proto\x12\x11session_router.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xb2\x01\n\x0eSamplingParams\x12\x16\n\x0emax_new_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12\x16\n\x0estop_token_ids\x18\x05 \x03(\x05\x12\x12\n\nignore_eos\x18\x06 \x01(\x08\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x12\n\x05top_k\x18\x08 \x01(\rH\x00\x88\x01\x01\x42\x08\n\x06_top_k\",\n\x12OpenSessionRequest\x12\x16\n\x0eidle_timeout_s\x18\x01 \x01(\x01\"\x8d\x01\n\x07Session\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x18\n\x10\x63ommitted_tokens\x18\x03 \x01(\r\x12\x1a\n\x12max_context_tokens\x18\x04 \x01(\r\x12\x14\n\x0cturn_running\x18\x05 \x01(\x08\x12\x0e\n\x06parked\x18\x06 \x01(\x08\"\xa2\x01\n\x0fGenerateRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12-\n\x06tokens\x18\x03 \x01(\x0b\x32\x1b.session_router.v1.TokenIdsH\x00\x12\x33\n\x08sampling\x18\x04 \x01(\x0b\x32!.session_router.v1.SamplingParamsB\x07\n\x05input\"\x82\x01\n\rGenerateChunk\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x36\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1f.session_router.v1.FinishReason\x12\x18\n\x10\x63ommitted_tokens\x18\x04 \x01(\r\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"(\n\x14\x43loseSessionResponse\x12\x10\n\x08was_open\x18\x01 \x01(\x08\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"(\n\x12\x46orkSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\xb8\x01\n\x0f\x43onverseRequest\x12\x35\n\x04open\x18\x01 \x01(\x0b\x32%.session_router.v1.OpenSessionRequestH\x00\x12\x33\n\x05input\x18\x02 \x01(\x0b\x32\".session_router.v1.GenerateRequestH\x00\x12\x31\n\tinterrupt\x18\x03 \x01(\x0b\x32\x1c.session_router.v1.InterruptH\x00\x42\x06\n\x04kind\"\x0b\n\tInterrupt\"{\n\x10\x43onverseResponse\x12,\n\x06opened\x18\x01 \x01(\x0b\x32\x1a.session_router.v1.SessionH\x00\x12\x31\n\x05\x63hunk\x18\x02 \x01(\x0b\x32 .session_router.v1.GenerateChunkH\x00\x42\x06\n\x04kind\"\x7f\n\tPoolStats\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\x04\x12\x0c\n\x04\x66ree\x18\x03 \x01(\x04\x12\x0e\n\x06in_use\x18\x04 \x01(\x04\x12\x14\n\x0csession_held\x18\x05 \x01(\x04\x12\x0e\n\x06\x63\x61\x63hed\x18\x06 \x01(\x04\x12\x0e\n\x06leaked\x18\x07 \x01(\x03\"\x9f\x02\n\x0bReplicaInfo\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12.\n\x05state\x18\x03 \x01(\x0e\x32\x1f.session_router.v1.ReplicaState\x12+\n\x05pools\x18\x04 \x03(\x0b\x32\x1c.session_router.v1.PoolStats\x12\x10\n\x08sessions\x18\x05 \x01(\r\x12\x17\n\x0fsessions_pinned\x18\x06 \x01(\r\x12\x18\n\x10running_requests\x18\x07 \x01(\r\x12\x18\n\x10waiting_requests\x18\x08 \x01(\r\x12\x16\n\x0esnapshot_age_s\x18\t \x01(\x01\x12\x17\n\x0fsessions_parked\x18\n \x01(\r\"\x15\n\x13ListReplicasRequest\"H\n\x14ListReplicasResponse\x12\x30\n\x08replicas\x18\x01 \x03(\x0b\x32\x1e.session_router.v1.ReplicaInfo\":\n\x13\x44rainReplicaRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07migrate\x18\x02 \x01(\x08\"y\n\x14\x44rainReplicaResponse\x12/\n\x07replica\x18\x01 \x01(\x0b\x32\x1e.session_router.v1.ReplicaInfo\x12\x19\n\x11sessions_migrated\x18\x02 \x01(\r\x12\x15\n\rsessions_left\x18\x03 \x01(\r\"*\n\x14ResumeReplicaRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\"H\n\x15ResumeReplicaResponse\x12/\n\x07replica\x18\x01 \x01(\x0b\x32\x1e.session_router.v1.ReplicaInfo\"F\n\x15MigrateSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x19\n\x11target_replica_id\x18\x02 \x01(\t*~\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1d\n\x19\x46INISH_REASON_INTERRUPTED\x10\x03*|\n\x0cReplicaState\x12\x1d\n\x19REPLICA_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15REPLICA_STATE_HEALTHY\x10\x01\x12\x1a\n\x16REPLICA_STATE_DRAINING\x10\x02\x12\x16\n\x12REPLICA_STATE_DEAD\x10\x03\x32\x92\x04\n\x0eSessionService\x12P\n\x0bOpenSession\x12%.session_router.v1.OpenSessionRequest\x1a\x1a.session_router.v1.Session\x12R\n\x08Generate\x12\".session_router.v1.GenerateRequest\x1a .session_router.v1.GenerateChunk0\x01\x12W\n\x08\x43onverse\x12\".session_router.v1.ConverseRequest\x1a#.session_router.v1.ConverseResponse(\x01\x30\x01\x12_\n\x0c\x43loseSession\x12&.session_router.v1.CloseSessionRequest\x1a\'.session_router.v1.CloseSessionResponse\x12N\n\nGetSession\x12$.session_router.v1.GetSessionRequest\x1a\x1a.session_router.v1.Session\x12P\n\x0b\x46orkSession\x12%.session_router.v1.ForkSessionRequest\x1a\x1a.session_router.v1.Session2\x8c\x03\n\x0c\x41\x64minService\x12_\n\x0cListReplicas\x12&.session_router.v1.ListReplicasRequest\x1a\'.session_router.v1.ListReplicasResponse\x12_\n\x0c\x44rainReplica\x12&.session_router.v1.DrainReplicaRequest\x1a\'.session_router.v1.DrainReplicaResponse\x12\x62\n\rResumeReplica\x12\'.session_router.v1.ResumeReplicaRequest\x1a(.session_router.v1.ResumeReplicaResponse\x12V\n\x0eMigrateSession\x12(.session_router.v1.MigrateSessionRequest\x1a\x1a.session_router.v1.Sessionb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.session_router_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=2084
-  _globals['_FINISHREASON']._serialized_end=2210
-  _globals['_REPLICASTATE']._serialized_start=2212
-  _globals['_REPLICASTATE']._serialized_end=2336
+  _globals['_FINISHREASON']._serialized_start=2126
+  _globals['_FINISHREASON']._serialized_end=2252
+  _globals['_REPLICASTATE']._serialized_start=2254
+  _globals['_REPLICASTATE']._serialized_end=2378
   _globals['_TOKENIDS']._serialized_start=50
   _globals['_TOKENIDS']._serialized_end=73
   _globals['_SAMPLINGPARAMS']._serialized_start=76
@@ -53,32 +53,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CLOSESESSIONRESPONSE']._serialized_end=827
   _globals['_GETSESSIONREQUEST']._serialized_start=829
   _globals['_GETSESSIONREQUEST']._serialized_end=868
-  _globals['_CONVERSEREQUEST']._serialized_start=871
-  _globals['_CONVERSEREQUEST']._serialized_end=1055
-  _globals['_INTERRUPT']._serialized_start=1057
-  _globals['_INTERRUPT']._serialized_end=1068
-  _globals['_CONVERSERESPONSE']._serialized_start=1070
-  _globals['_CONVERSERESPONSE']._serialized_end=1193
-  _globals['_POOLSTATS']._serialized_start=1195
-  _globals['_POOLSTATS']._serialized_end=1322
-  _globals['_REPLICAINFO']._serialized_start=1325
-  _globals['_REPLICAINFO']._serialized_end=1612
-  _globals['_LISTREPLICASREQUEST']._serialized_start=1614
-  _globals['_LISTREPLICASREQUEST']._serialized_end=1635
-  _globals['_LISTREPLICASRESPONSE']._serialized_start=1637
-  _globals['_LISTREPLICASRESPONSE']._serialized_end=1709
-  _globals['_DRAINREPLICAREQUEST']._serialized_start=1711
-  _globals['_DRAINREPLICAREQUEST']._serialized_end=1769
-  _globals['_DRAINREPLICARESPONSE']._serialized_start=1771
-  _globals['_DRAINREPLICARESPONSE']._serialized_end=1892
-  _globals['_RESUMEREPLICAREQUEST']._serialized_start=1894
-  _globals['_RESUMEREPLICAREQUEST']._serialized_end=1936
-  _globals['_RESUMEREPLICARESPONSE']._serialized_start=1938
-  _globals['_RESUMEREPLICARESPONSE']._serialized_end=2010
-  _globals['_MIGRATESESSIONREQUEST']._serialized_start=2012
-  _globals['_MIGRATESESSIONREQUEST']._serialized_end=2082
-  _globals['_SESSIONSERVICE']._serialized_start=2339
-  _globals['_SESSIONSERVICE']._serialized_end=2787
-  _globals['_ADMINSERVICE']._serialized_start=2790
-  _globals['_ADMINSERVICE']._serialized_end=3186
+  _globals['_FORKSESSIONREQUEST']._serialized_start=870
+  _globals['_FORKSESSIONREQUEST']._serialized_end=910
+  _globals['_CONVERSEREQUEST']._serialized_start=913
+  _globals['_CONVERSEREQUEST']._serialized_end=1097
+  _globals['_INTERRUPT']._serialized_start=1099
+  _globals['_INTERRUPT']._serialized_end=1110
+  _globals['_CONVERSERESPONSE']._serialized_start=1112
+  _globals['_CONVERSERESPONSE']._serialized_end=1235
+  _globals['_POOLSTATS']._serialized_start=1237
+  _globals['_POOLSTATS']._serialized_end=1364
+  _globals['_REPLICAINFO']._serialized_start=1367
+  _globals['_REPLICAINFO']._serialized_end=1654
+  _globals['_LISTREPLICASREQUEST']._serialized_start=1656
+  _globals['_LISTREPLICASREQUEST']._serialized_end=1677
+  _globals['_LISTREPLICASRESPONSE']._serialized_start=1679
+  _globals['_LISTREPLICASRESPONSE']._serialized_end=1751
+  _globals['_DRAINREPLICAREQUEST']._serialized_start=1753
+  _globals['_DRAINREPLICAREQUEST']._serialized_end=1811
+  _globals['_DRAINREPLICARESPONSE']._serialized_start=1813
+  _globals['_DRAINREPLICARESPONSE']._serialized_end=1934
+  _globals['_RESUMEREPLICAREQUEST']._serialized_start=1936
+  _globals['_RESUMEREPLICAREQUEST']._serialized_end=1978
+  _globals['_RESUMEREPLICARESPONSE']._serialized_start=1980
+  _globals['_RESUMEREPLICARESPONSE']._serialized_end=2052
+  _globals['_MIGRATESESSIONREQUEST']._serialized_start=2054
+  _globals['_MIGRATESESSIONREQUEST']._serialized_end=2124
+  _globals['_SESSIONSERVICE']._serialized_start=2381
+  _globals['_SESSIONSERVICE']._serialized_end=2911
+  _globals['_ADMINSERVICE']._serialized_start=2914
+  _globals['_ADMINSERVICE']._serialized_end=3310
 # @@protoc_insertion_point(module_scope)

@@ -119,6 +119,12 @@ class GetSessionRequest(_message.Message):
     session_id: str
     def __init__(self, session_id: _Optional[str] = ...) -> None: ...
 
+class ForkSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
 class ConverseRequest(_message.Message):
     __slots__ = ("open", "input", "interrupt")
     OPEN_FIELD_NUMBER: _ClassVar[int]

@@ -59,6 +59,11 @@ class SessionServiceStub:
                 request_serializer=protos_dot_session__router__pb2.GetSessionRequest.SerializeToString,
                 response_deserializer=protos_dot_session__router__pb2.Session.FromString,
                 _registered_method=True)
+        self.ForkSession = channel.unary_unary(
+                '/session_router.v1.SessionService/ForkSession',
+                request_serializer=protos_dot_session__router__pb2.ForkSessionRequest.SerializeToString,
+                response_deserializer=protos_dot_session__router__pb2.Session.FromString,
+                _registered_method=True)
 
 
 class SessionServiceServicer:
@@ -98,6 +103,14 @@ class SessionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForkSession(self, request, context):
+        """a new session on the same replica whose state is the session's committed state (its owner
+        only); a turn running on it is not part of that state
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SessionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -124,6 +137,11 @@ def add_SessionServiceServicer_to_server(servicer, server):
             'GetSession': grpc.unary_unary_rpc_method_handler(
                     servicer.GetSession,
                     request_deserializer=protos_dot_session__router__pb2.GetSessionRequest.FromString,
+                    response_serializer=protos_dot_session__router__pb2.Session.SerializeToString,
+            ),
+            'ForkSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForkSession,
+                    request_deserializer=protos_dot_session__router__pb2.ForkSessionRequest.FromString,
                     response_serializer=protos_dot_session__router__pb2.Session.SerializeToString,
             ),
     }
@@ -261,6 +279,33 @@ class SessionService:
             target,
             '/session_router.v1.SessionService/GetSession',
             protos_dot_session__router__pb2.GetSessionRequest.SerializeToString,
+            protos_dot_session__router__pb2.Session.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForkSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/session_router.v1.SessionService/ForkSession',
+            protos_dot_session__router__pb2.ForkSessionRequest.SerializeToString,
             protos_dot_session__router__pb2.Session.FromString,
             options,
             channel_credentials,

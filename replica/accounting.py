@@ -4,6 +4,11 @@ For each pool, every unit of capacity is in exactly one state: free, in use by a
 running batch, held by an idle session between turns, or cached (0 until a prefix cache exists).
 The host tier's pools (``host_mamba``, ``host_kv_tokens``) are held by parked sessions only.
 ``leaked = capacity - (free + in_use + session_held + cached)`` must be 0 at every snapshot.
+
+KV pages may be shared (forked sessions hold their parent's pages by reference count). A shared
+page is counted once: ``in_use`` when any running request holds it (even if idle sessions hold it
+too), else ``session_held``. ``check_page_refs`` checks that every page's reference count is
+exactly the number of rows that hold it, so a reference nobody holds shows up too.
 """
 
 from __future__ import annotations
@@ -12,7 +17,9 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from replica.api import PoolSnapshot, PoolStats
+import torch
+
+from replica.api import PoolSnapshot, PoolStats, SlotStateError
 
 if TYPE_CHECKING:
     from replica.pools.hybrid_pool import HybridReqToTokenPool
@@ -53,6 +60,7 @@ def count_pools(
     owning = [req for req in running if req.seq is not None]
     active = {req.seq.req_pool_idx for req in owning}
     kv = pool.kv_pool
+    kv_in_use, kv_held = count_kv(pool, sessions, owning, active)
     return (
         PoolStats(
             "mamba",
@@ -65,14 +73,54 @@ def count_pools(
             "kv_tokens",
             kv.token_slots,
             kv.free_tokens,
-            sum(kv.held_tokens(req.kv_len) for req in owning),
-            sessions.session_held_tokens(active),
+            kv_in_use,
+            kv_held,
         ),
         PoolStats(
             "req", pool.rows, pool.num_free, len(owning), sessions.session_held_req_slots(active)
         ),
         *count_host_pools(sessions),
     )
+
+
+def count_kv(
+    pool: HybridReqToTokenPool, sessions: StreamingSession, owning: list[Req], active: set[int]
+) -> tuple[int, int]:
+    """KV token slots ``(in_use, session_held)``, each shared page once (in use before held)."""
+    kv = pool.kv_pool
+    if not kv.page_allocator.shared_refs:  # nothing shared: plain sums, no per-page work
+        in_use = sum(kv.held_tokens(req.kv_len) for req in owning)
+        return in_use, sessions.session_held_tokens(active)
+    table = pool.req_to_token
+    running = kv.distinct_pages(table, [(req.seq.req_pool_idx, req.kv_len) for req in owning])
+    idle = kv.distinct_pages(table, sessions.session_held_rows(active))
+    held = int((~torch.isin(idle, running)).sum())
+    return running.numel() * kv.page_size, held * kv.page_size
+
+
+def check_page_refs(
+    pool: HybridReqToTokenPool, sessions: StreamingSession, running: Iterable[Req]
+) -> None:
+    """Every KV page's reference count equals the number of rows (running requests and idle
+    resident sessions) that hold it; raises ``SlotStateError`` naming the first that differ."""
+    kv, table = pool.kv_pool, pool.req_to_token
+    owning = [req for req in running if req.seq is not None]
+    active = {req.seq.req_pool_idx for req in owning}
+    rows = [(req.seq.req_pool_idx, req.kv_len) for req in owning]
+    rows += sessions.session_held_rows(active)
+    pages = [kv.pages_of(table, row, 0, n) for row, n in rows]
+    holders = torch.zeros(kv.page_allocator.size, dtype=torch.int64)
+    if pages:
+        holders.index_add_(
+            0, torch.cat(pages), torch.ones(sum(p.numel() for p in pages), dtype=torch.int64)
+        )
+    refs = kv.page_allocator.refcounts(torch.arange(kv.page_allocator.size))
+    wrong = (holders != refs).nonzero().flatten()[:8].tolist()
+    if wrong:
+        raise SlotStateError(
+            f"KV page reference counts disagree with their holders: pages {wrong} have "
+            f"counts {refs[wrong].tolist()} but {holders[wrong].tolist()} holders"
+        )
 
 
 def count_host_pools(sessions: StreamingSession) -> tuple[PoolStats, ...]:

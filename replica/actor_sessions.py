@@ -52,6 +52,18 @@ class SessionsAPI:
         result = batch.results[0]
         return result if isinstance(result, ActorError) else Opened(result, batch.snapshot)
 
+    async def fork_session(
+        self, parent_id: str, child_id: str, gateway_id: str = ""
+    ) -> Opened | ActorError:
+        """Open ``child_id`` with ``parent_id``'s committed state, on this replica (same tenant,
+        same idle timeout); the reply carries the snapshot taken right after."""
+
+        def fork() -> Opened:
+            info = self.engine.fork_session(parent_id, child_id, gateway_id)
+            return Opened(info, self.engine.snapshot())
+
+        return await self._call(fork)
+
     async def close_sessions(
         self, session_ids: list[str], reason: ReleaseReason = ReleaseReason.CLOSED
     ) -> Closed | ActorError:

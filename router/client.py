@@ -124,6 +124,13 @@ class SessionClient(_Stubs):
         )
         return Session(self, msg)
 
+    def fork(self, session_id: str, timeout: float | None = None) -> Session:
+        """A new session on the same replica holding ``session_id``'s committed state."""
+        msg = self.sessions.ForkSession(
+            pb.ForkSessionRequest(session_id=session_id), metadata=self.metadata, timeout=timeout
+        )
+        return Session(self, msg)
+
     def close_session(self, session_id: str) -> bool:
         return self.sessions.CloseSession(
             pb.CloseSessionRequest(session_id=session_id), metadata=self.metadata
@@ -182,6 +189,9 @@ class Session:
             pieces.append(chunk.text)
             reason = chunk.finish_reason or reason
         return ids, "".join(pieces), reason
+
+    def fork(self, timeout: float | None = None) -> Session:
+        return self.client.fork(self.id, timeout)
 
     def close(self) -> bool:
         return self.client.close_session(self.id)

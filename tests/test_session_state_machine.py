@@ -7,8 +7,10 @@ active idle session when the GPU is full, or born parked), start a turn (restore
 session, park others to make room, also while other turns run, swap through a full host tier),
 fold tokens (input, then generated ones; each fold writes unique values into the live mamba
 state and the K/V of the folded positions), end or roll back a turn, close (idle, parked, or
-during a turn: deferred to the turn's end), double close, misuse (turns on closed or busy
-sessions, a second open of one id), time passing (idle timeouts, parked sessions included) and
+during a turn: deferred to the turn's end), fork (an idle, parked or running session: whole KV
+pages shared, the child born parked or parking others when the GPU is full), double close,
+misuse (turns on closed or busy sessions, a second open of one id, forks of closed sessions and
+onto an open id), time passing (idle timeouts, parked sessions included) and
 parking the sessions idle for a while. The model alone decides what fits, what is refused,
 where each session lives and which ones are parked to make room.
 
@@ -132,7 +134,10 @@ def make_machine(state_model: ModelConfig = TINY_MODEL, failpoints: frozenset[st
             if not ok:
                 return  # refused for now: the invariant checks that it took nothing
             self.m.park(victims)
+            if m.parked:  # restored into fresh pages
+                m.pages = self.m.fresh_pages(self.m.cap.pages(m.committed))
             m.parked = False
+            m.pages += self.m.fresh_pages(self.m.cap.pages(target) - len(m.pages))
             req = Req(sid, [7] * n_input)
             self.sessions.restore_to_req(req)
             self.pool.kv_pool.extend(
@@ -140,6 +145,40 @@ def make_machine(state_model: ModelConfig = TINY_MODEL, failpoints: frozenset[st
             )
             req.kv_len = target
             m.turn = Turn(req, target, produced=m.pending + n_input)
+
+        @precondition(lambda self: any(not m.closing for m in self.m.sessions.values()))
+        @rule(data=st.data())
+        def fork(self, data):
+            """Fork an open session (idle, parked or with a turn running) into a new one."""
+            open_ = sorted(s for s, m in self.m.sessions.items() if not m.closing)
+            parent = data.draw(st.sampled_from(open_))
+            p = self.m.sessions[parent]
+            child = f"s{next(self.ids)}"
+            self.known.append(child)
+            if p.turn is not None and not self.m.cap.track:
+                with pytest.raises(TurnRunningError):
+                    self.sessions.fork(parent, child)
+                return
+            placed = self.m.place_fork(parent)
+            if placed is None:
+                with pytest.raises(PoolExhaustedError, match="no room to fork"):
+                    self.sessions.fork(parent, child)
+                return
+            victims, born_parked = placed
+            self.sessions.fork(parent, child)
+            self.m.park(victims)
+            self.m.sessions[child] = ModelSession(
+                p.timeout_s,
+                self.clock.now,
+                next(self.ticks),
+                committed=p.committed,
+                pending=p.pending,
+                parked=born_parked,
+                marker=p.marker,
+                kv=dict(p.kv),
+                pages=[] if born_parked else self.m.fork_pages(parent),
+            )
+            self.opened += 1
 
         @precondition(lambda self: self.known)
         @rule(data=st.data())
@@ -155,9 +194,15 @@ def make_machine(state_model: ModelConfig = TINY_MODEL, failpoints: frozenset[st
             elif m.turn is not None:
                 with pytest.raises(TurnRunningError):
                     self.sessions.restore_to_req(Req(sid, [1]))
+            if m is None or m.closing:
+                with pytest.raises(SessionNotFoundError):
+                    self.sessions.fork(sid, f"never-{sid}")
             if m is not None:
                 with pytest.raises(InvalidRequestError):
                     self.sessions.open(sid)
+                if not m.closing and (m.turn is None or self.m.cap.track):
+                    with pytest.raises(InvalidRequestError):
+                        self.sessions.fork(sid, sid)
 
         @precondition(lambda self: self.m.running())
         @rule(data=st.data(), n=st.integers(1, 12), sample=st.booleans())
@@ -203,6 +248,7 @@ def make_machine(state_model: ModelConfig = TINY_MODEL, failpoints: frozenset[st
                 self.sessions.rollback(req)
             assert req.seq is None, "the ended turn still owns slots"
             m.kv = {p: v for p, v in m.kv.items() if p < m.committed}
+            m.pages = m.pages[: self.m.cap.pages(m.committed)]
             m.order, m.last = next(self.ticks), self.clock.now
             if m.closing:
                 self.forget(sid, m.closing)

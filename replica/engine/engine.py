@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from replica.accounting import InvariantChecker, count_pools
+from replica.accounting import InvariantChecker, check_page_refs, count_pools
 from replica.api import (
     CHECKPOINT_POOL,
     CheckpointStats,
@@ -247,4 +247,6 @@ class Engine(SessionOps):
         snap = self.snapshot()
         self.checker.check(snap)
         self.pool.check_integrity()
+        if self.pool.kv_pool.page_allocator.shared_refs:  # O(pages): only when pages are shared
+            check_page_refs(self.pool, self.sessions, self.scheduler.running)
         return snap

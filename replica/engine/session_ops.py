@@ -48,6 +48,13 @@ class SessionOps:
         timeout = min(idle_timeout_s, cap) if idle_timeout_s > 0 else cap
         return self.info(self.sessions.open(session_id, timeout, tenant, gateway_id))
 
+    def fork_session(self, parent_id: str, child_id: str, gateway_id: str = "") -> SessionInfo:
+        """Open ``child_id`` with ``parent_id``'s committed state (a turn running on the parent
+        is not part of it); the child's turn events go to ``gateway_id``."""
+        if self.draining:
+            raise ReplicaDrainingError(f"replica {self.replica_id} is draining")
+        return self.info(self.sessions.fork(parent_id, child_id, gateway_id))
+
     def close_session(
         self, session_id: str, reason: ReleaseReason = ReleaseReason.CLOSED, force: bool = False
     ) -> bool:

@@ -7,6 +7,13 @@ Token slot ``s`` lives in page ``s // page_size``. A sequence of length ``L`` ho
 Frees are page-aligned: truncating a sequence frees only the pages that lie wholly beyond the new
 length; the page holding its last kept position stays with it. Accounting is in token slots
 (whole pages times ``page_size``), so ``capacity == free + in_use + session_held`` holds exactly.
+
+Pages are reference counted (``SlotAllocator``): ``share_prefix`` gives a second row the whole
+pages of another row's first positions (a fork), and copies nothing; only the last, partly filled
+page gets a fresh page of its own, whose contents the caller copies (copy-on-write done eagerly:
+a shared page is never written, because every row only ever writes positions past its own
+length, and the only page holding such positions is its own). Freeing drops a holder; a page is
+free when its last holder frees it. A shared page is counted once (``distinct_pages``).
 """
 
 from __future__ import annotations
@@ -63,21 +70,45 @@ class KVTokenPool:
         return self.tokens_needed(old_len, new_len) <= self.free_tokens
 
     def extend(self, req_to_token: torch.Tensor, row: int, old_len: int, new_len: int) -> None:
-        """Give positions ``old_len..new_len-1`` of ``row`` KV slots. All-or-nothing."""
+        """Give positions ``old_len..new_len-1`` of ``row`` KV slots. All-or-nothing.
+
+        When ``row``'s last page is partly filled and shared with another row (a truncation
+        below a fork point), it is copied to a fresh page first (copy-on-write): a shared page
+        is never written."""
         if new_len <= old_len:
             return
         p = self.page_size
         first_new_page = pages_for(old_len, p)
-        new_pages = self.page_allocator.alloc(pages_for(new_len, p) - first_new_page)
         first_ord = old_len // p
-        if first_ord < first_new_page:  # the last page is partly filled: keep filling it
-            last_page = int(req_to_token[row, old_len - 1]) // p
+        last_page = int(req_to_token[row, old_len - 1]) // p if first_ord < first_new_page else -1
+        shared = self.page_allocator.shared_refs > 0  # a plain int: no tensor op when not
+        cow = last_page >= 0 and shared and self.page_allocator.refcount(last_page) > 1
+        new_pages = self.page_allocator.alloc(pages_for(new_len, p) - first_new_page + int(cow))
+        if cow:
+            last_page = self._copy_on_write(
+                req_to_token, row, last_page, int(new_pages[0]), old_len
+            )
+            new_pages = new_pages[1:]
+        if last_page >= 0:  # the last page is partly filled: keep filling it
             pages = torch.cat([torch.tensor([last_page], dtype=torch.int64), new_pages])
         else:
             pages = new_pages
         positions = torch.arange(old_len, new_len, dtype=torch.int64)
         slots = pages[positions // p - first_ord] * p + positions % p
         req_to_token[row, old_len:new_len] = slots.to(req_to_token.device, torch.int32)
+
+    def _copy_on_write(
+        self, req_to_token: torch.Tensor, row: int, shared: int, fresh: int, length: int
+    ) -> int:
+        """Move ``row``'s filled positions of the shared page ``shared`` into ``fresh``."""
+        p, used = self.page_size, length % self.page_size
+        for kv in (self.k_all, self.v_all):
+            kv[:, fresh * p : fresh * p + used] = kv[:, shared * p : shared * p + used]
+        start = length - used
+        fresh_slots = torch.arange(fresh * p, fresh * p + used, dtype=torch.int32)
+        req_to_token[row, start:length] = fresh_slots.to(req_to_token.device)
+        self.page_allocator.free([shared])  # this row's hold on it
+        return fresh
 
     def truncate(self, req_to_token: torch.Tensor, row: int, keep_len: int, cur_len: int) -> None:
         """Free the pages of ``row`` that lie wholly beyond ``keep_len`` (of ``cur_len``)."""
@@ -93,6 +124,44 @@ class KVTokenPool:
             return torch.empty(0, dtype=torch.int64)
         starts = torch.arange(first, last, dtype=torch.int64, device=req_to_token.device) * p
         return req_to_token[row].index_select(0, starts).to("cpu", torch.int64) // p
+
+    def share_prefix(
+        self, req_to_token: torch.Tensor, src_row: int, dst_row: int, length: int
+    ) -> tuple[int, int] | None:
+        """Give ``dst_row`` (holding nothing) the KV of ``src_row``'s positions ``0..length-1``:
+        its whole pages shared, its last partial page (if any) a fresh page of ``dst_row``'s own.
+        Returns ``(src page, dst page)`` of that partial page, whose contents the caller copies,
+        or None. All-or-nothing (``PoolExhaustedError`` when no page is free for the copy)."""
+        p = self.page_size
+        whole = length // p * p
+        partial = None
+        if whole < length:
+            self.extend(req_to_token, dst_row, whole, length)  # the one page it allocates
+            src_page = int(req_to_token[src_row, whole]) // p
+            partial = (src_page, int(req_to_token[dst_row, whole]) // p)
+        if whole:
+            self.page_allocator.share(self.pages_of(req_to_token, src_row, 0, whole))
+            req_to_token[dst_row, :whole] = req_to_token[src_row, :whole]
+        return partial
+
+    def freed_by_release(self, req_to_token: torch.Tensor, row: int, length: int) -> int:
+        """Token slots that freeing ``row``'s positions ``0..length-1`` would give back: its
+        pages that no other row shares."""
+        if not self.page_allocator.shared_refs:
+            return self.held_tokens(length)
+        pages = self.pages_of(req_to_token, row, 0, length)
+        only = int((self.page_allocator.refcounts(pages) == 1).sum())
+        return only * self.page_size
+
+    def distinct_pages(
+        self, req_to_token: torch.Tensor, rows: list[tuple[int, int]]
+    ) -> torch.Tensor:
+        """The distinct pages (sorted) that rows ``(row, length)`` hold: a page shared by
+        several of them once."""
+        pages = [self.pages_of(req_to_token, row, 0, n) for row, n in rows]
+        if not pages:
+            return torch.empty(0, dtype=torch.int64)
+        return torch.unique(torch.cat(pages))
 
     def check_integrity(self) -> None:
         self.page_allocator.check_integrity()

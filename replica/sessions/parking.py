@@ -105,6 +105,12 @@ class Parker:
         """KV token slots a parked session takes back on the GPU (whole pages)."""
         return self.pool.kv_pool.held_tokens(slot.committed_len)
 
+    def _freed(self, slot: SessionSlot) -> int:
+        """GPU KV token slots parking ``slot`` frees (pages it shares with nobody)."""
+        return self.pool.kv_pool.freed_by_release(
+            self.pool.req_to_token, slot.req_pool_idx, slot.committed_len
+        )
+
     def _pages(self, slot: SessionSlot) -> int:
         return pages_for(slot.committed_len, self.page_size)
 
@@ -203,7 +209,7 @@ class Parker:
         gpu_fits = (
             self.pool.num_free + out >= back
             and self.pool.mamba_pool.num_free + out * per_seq >= back * per_seq
-            and kv.free_tokens + sum(kv.held_tokens(s.committed_len) for s in victims)
+            and kv.free_tokens + sum(self._freed(s) for s in victims)
             >= sum(self.gpu_tokens(s) for s in restorees)
         )
         freed_pages = sum(self._pages(s) for s in restorees)

@@ -56,7 +56,7 @@ class Residency:
     def place_new(self) -> tuple[SeqSlots | None, HostSlots | None]:
         """Slots for a new session: GPU slots, or host slots (born parked). Raises
         ``PoolExhaustedError`` when neither the GPU nor the host has room."""
-        if self.pool.can_alloc(1) or self._make_gpu_room(1, 0, keep=()):
+        if self.pool.can_alloc(1) or self.make_gpu_room(1, 0, keep=()):
             return self.pool.alloc_seqs(1)[0], None
         if self.parker is not None and self.parker.host.can_hold(1, 0):
             return None, self.parker.open_on_host()
@@ -79,7 +79,7 @@ class Residency:
         Raises ``PoolExhaustedError`` when neither has room."""
         tokens = self.kv.held_tokens(committed_len)
         fits = self.pool.can_alloc(1) and tokens <= self.kv.free_tokens
-        if fits or self._make_gpu_room(1, tokens, keep=()):
+        if fits or self.make_gpu_room(1, tokens, keep=()):
             seq = self.pool.alloc_seqs(1, zeroed=False)[0]
             self.kv.extend(self.pool.req_to_token, seq.req_pool_idx, 0, committed_len)
             return seq, None
@@ -124,7 +124,7 @@ class Residency:
         it if it is parked, park others if needed. False when the room cannot be made now."""
         if not slot.parked:
             need = self.kv.tokens_needed(slot.committed_len, target)
-            return need <= self.kv.free_tokens or self._make_gpu_room(0, need, {slot.session_id})
+            return need <= self.kv.free_tokens or self.make_gpu_room(0, need, {slot.session_id})
         since = time.perf_counter()
         victims = self._victims(1, self.kv.held_tokens(target), keep=())
         if victims is None:
@@ -140,7 +140,10 @@ class Residency:
             self._moved(parked=victims, restored=[slot])
         return True
 
-    def _make_gpu_room(self, seqs: int, kv_tokens: int, keep: Collection[str]) -> bool:
+    def make_gpu_room(self, seqs: int, kv_tokens: int, keep: Collection[str]) -> bool:
+        """Park least recently used idle sessions (none in ``keep``) until ``seqs`` more
+        sequences and ``kv_tokens`` more KV token slots fit; False (nothing parked) when that
+        cannot be done."""
         victims = self._victims(seqs, kv_tokens, keep)
         if not victims or not self.parker.host_can_hold(victims):
             return False
@@ -163,7 +166,11 @@ class Residency:
                 continue
             victims.append(slot)
             rows, mamba = rows + 1, mamba + per_seq
-            kv += self.kv.held_tokens(slot.committed_len)
+            # what parking it frees: its pages no other row shares (a page shared with another
+            # victim is not counted, so the estimate never promises room that does not appear)
+            kv += self.kv.freed_by_release(
+                self.pool.req_to_token, slot.req_pool_idx, slot.committed_len
+            )
         return victims if rows >= seqs and mamba >= seqs * per_seq and kv >= kv_tokens else None
 
     # ----- moves ----------------------------------------------------------------------------

@@ -8,6 +8,8 @@ With parking (``Residency``), an idle session's state may instead live in host s
 
 A session that moves to another replica is marked ``moving`` from its export until the move is
 finished: it takes no new turn meanwhile, and ``adopt`` is how an imported session joins.
+``fork`` opens a session holding another's committed state (``Forker``): KV pages are shared by
+reference count, so a session's release frees only the pages no fork of it still holds.
 
 ``release_session`` frees everything: KV pages, the req row AND the mamba slots (state plus track
 buffer), or a parked session's host slots. It is idempotent. Called while a turn runs, it is
@@ -24,6 +26,8 @@ import time
 from collections import Counter
 from collections.abc import Callable, Collection
 
+import torch
+
 from replica.api import (
     InvalidRequestError,
     ReleaseReason,
@@ -34,6 +38,8 @@ from replica.api import (
 from replica.config import DEFAULT_IDLE_TIMEOUT_S
 from replica.pools.host_pool import HostSlots
 from replica.pools.hybrid_pool import HybridReqToTokenPool, SeqSlots
+from replica.pools.state_copy import StateCopier
+from replica.sessions.fork import Forker
 from replica.sessions.parking import Parker
 from replica.sessions.request import Req
 from replica.sessions.residency import Residency
@@ -54,6 +60,12 @@ class StreamingSession:
         self.pool = pool
         self.kv = pool.kv_pool
         self.residency = Residency(pool, parker, clock)
+        copier = (
+            parker.copier
+            if parker is not None
+            else StateCopier(torch.device(pool.config.device).type == "cuda")
+        )
+        self.forker = Forker(pool, self.residency, copier)
         self.default_idle_timeout_s = idle_timeout_s
         self.clock = clock
         self.failpoints = failpoints
@@ -105,6 +117,32 @@ class StreamingSession:
         )
         self.sessions[meta.session_id] = slot
         self.residency.opened(slot)
+        self.on_changed([slot])
+        return slot
+
+    def fork(self, parent_id: str, child_id: str, gateway_id: str = "") -> SessionSlot:
+        """Open ``child_id`` with ``parent_id``'s committed state (``Forker``): same tenant and
+        idle timeout, its own slots (whole KV pages shared with the parent). Raises
+        ``PoolExhaustedError`` when the replica has no room, ``TurnRunningError`` when the
+        parent's committed state cannot be read during its turn; nothing is taken then."""
+        parent = self.get(parent_id)
+        if child_id in self.sessions:
+            raise InvalidRequestError(f"session {child_id} is already open")
+        seq, host = self.forker.place(parent)
+        slot = SessionSlot(
+            child_id,
+            seq,
+            parent.idle_timeout_s,
+            self.clock(),
+            parent.tenant,
+            gateway_id,
+            committed_len=parent.committed_len,
+            pending_ids=parent.pending_ids,
+            host=host,
+        )
+        self.sessions[child_id] = slot
+        self.residency.opened(slot)
+        self.opened_total += 1
         self.on_changed([slot])
         return slot
 
@@ -222,6 +260,10 @@ class StreamingSession:
     def session_held_tokens(self, active: Collection[int]) -> int:
         """KV token slots (whole pages) held by sessions whose row is not in ``active``."""
         return sum(self.kv.held_tokens(s.committed_len) for s in self._idle(active))
+
+    def session_held_rows(self, active: Collection[int]) -> list[tuple[int, int]]:
+        """``(req row, KV positions)`` of the resident sessions whose row is not in ``active``."""
+        return [(s.req_pool_idx, s.committed_len) for s in self._idle(active)]
 
     def session_held_req_slots(self, active: Collection[int]) -> int:
         return len(self._idle(active))

@@ -37,6 +37,7 @@ from router.control.admin_calls import AdminCalls
 from router.control.cluster_calls import ClusterCalls
 from router.control.drain import Drainer
 from router.control.failover import Failover, FailoverOutcome
+from router.control.forks import Forks
 from router.control.health import HealthWatch
 from router.control.migration import Migrator
 from router.control.opens import Opener
@@ -78,6 +79,9 @@ class SessionRouter(AdminCalls, ClusterCalls):
             self._view,
             self.opener.wait_for_room,
             config.drain_timeout_s,
+        )
+        self.forks = Forks(
+            self.replicas, self.sessions, self.route, self.opener, config.open_timeout_s
         )
         self._fenced: LRUCache[str, bool] = LRUCache(10_000)  # incarnations declared dead
         self._health_task: asyncio.Task | None = None
@@ -191,6 +195,22 @@ class SessionRouter(AdminCalls, ClusterCalls):
         return await self.opener.open(
             session_id, idle_timeout_s, tenant, gateway_id, wait_s, lease_s
         )
+
+    async def fork_session(
+        self,
+        parent_id: str,
+        child_id: str,
+        tenant: str = "",
+        gateway_id: str = "",
+        wait_s: float | None = None,
+    ) -> Route | ActorError:
+        """Fork ``parent_id`` (``tenant``'s) into ``child_id`` on the replica holding it, and pin
+        the child there (``router.control.forks``). Idempotent per ``child_id``; abandoned with
+        ``abandon_open`` like an open."""
+        self._start()
+        if child_id in self.sessions:
+            return await self._with_info(await self.route(child_id, tenant))
+        return await self.forks.fork(parent_id, child_id, tenant, gateway_id, wait_s)
 
     async def abandon_open(self, session_id: str) -> None:
         """The caller of the open of ``session_id`` has gone (cancelled, deadline passed): the

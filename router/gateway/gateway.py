@@ -152,6 +152,27 @@ class Gateway(Following):
             )
         return check(route)
 
+    async def fork(self, parent_id: str, tenant: str, wait_s: float | None = None) -> Route:
+        """Fork ``parent_id`` (``tenant``'s own) into a new session on the parent's replica,
+        through the router (which pins it there), waiting for room at most ``wait_s``. If the
+        call is cancelled meanwhile, no fork is kept for it."""
+        if not parent_id:
+            raise Refused(
+                StatusCode.INVALID_ARGUMENT, "session_id of the session to fork is required"
+            )
+        child_id = secrets.token_hex(16)
+        try:
+            forked = await self.router.call(
+                "fork_session", parent_id, child_id, tenant, self.gateway_id, wait_s
+            )
+        except asyncio.CancelledError:
+            self.background.spawn(self.router.call("abandon_open", child_id))
+            raise
+        route = check(forked)
+        self.routes.put(route)
+        self.delivery.watch(route)
+        return route
+
     async def submit(self, route: Route, request: pb.GenerateRequest) -> tuple[Route, int]:
         """Queue a turn where the session is; returns the route it went to and its turn id."""
         text, ids = turn_input(request)

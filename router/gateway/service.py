@@ -75,6 +75,14 @@ class SessionService(pb_grpc.SessionServiceServicer):
 
         return await run_rpc(self.gw, "GetSession", context, body)
 
+    async def ForkSession(self, request, context):
+        async def body():
+            tenant = self.gw.tenant(context)
+            route = await self.gw.fork(request.session_id, tenant, context.time_remaining())
+            return session_to_proto(route.session_id, route.replica_id, route.info)
+
+        return await run_rpc(self.gw, "ForkSession", context, body)
+
     async def CloseSession(self, request, context):
         async def body():
             tenant = self.gw.tenant(context)

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import torch
 
-from replica.accounting import InvariantChecker, count_pools
+from replica.accounting import InvariantChecker, check_page_refs, count_pools
 from replica.api import PoolSnapshot
 from replica.config import PoolConfig
 from replica.model import tiny_config
@@ -81,6 +81,7 @@ def assert_consistent(
     snap = snapshot(pool, sessions, running)
     InvariantChecker(strict=True).check(snap)
     pool.check_integrity()
+    check_page_refs(pool, sessions, running)
     if sessions.residency.parker is not None:
         sessions.residency.parker.host.check_integrity()
     return snap

@@ -5,10 +5,16 @@ first, committed and pending lengths, the values its state must hold) and, from 
 configured sizes alone, says what must fit, which idle sessions must be parked to make room, and
 what every pool (GPU and host) must count. Nothing here calls the session or pool code's own
 capacity checks, LRU order or held-slot counters.
+
+Forks share KV pages: each resident session records the (model) page of each of its page
+ordinals; a fork takes its parent's whole pages and a new page for a partial last one. A page
+held by several sessions is counted once (in use when a running turn holds it), and parking a
+session frees only the pages that no other session holds.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from replica.api import PoolStats, ReleaseReason
@@ -39,6 +45,7 @@ class ModelSession:
     kv: dict[int, float] = field(default_factory=dict)  # K/V value of each committed position
     turn: Turn | None = None
     closing: ReleaseReason | None = None  # closed during its turn: released when it ends
+    pages: list[int] = field(default_factory=list)  # its GPU KV pages (model ids), in order
 
 
 @dataclass
@@ -47,6 +54,16 @@ class SessionModel:
     max_parked: int
     host_pages: int
     sessions: dict[str, ModelSession] = field(default_factory=dict)
+    page_ids: itertools.count = field(default_factory=lambda: itertools.count(1))
+
+    def fresh_pages(self, n: int) -> list[int]:
+        return [next(self.page_ids) for _ in range(n)]
+
+    def holders(self, page: int) -> int:
+        return sum(page in m.pages for m in self.sessions.values())
+
+    def distinct(self, sessions) -> set[int]:
+        return {page for m in sessions for page in m.pages}
 
     # ----- who is where ---------------------------------------------------------------------
 
@@ -73,7 +90,7 @@ class SessionModel:
     def gpu_free(self) -> tuple[int, int]:
         """(free session slots, free KV token slots) on the GPU."""
         resident = [m for m in self.sessions.values() if not m.parked]
-        used = sum(self.held(m.turn.target if m.turn else m.committed) for m in resident)
+        used = len(self.distinct(resident)) * self.cap.page_size
         return self.cap.max_sessions - len(resident), self.cap.kv_pages * self.cap.page_size - used
 
     def host_fits(self, arriving: list[str], leaving: list[str] = ()) -> bool:
@@ -93,7 +110,9 @@ class SessionModel:
                 break
             victims.append(sid)
             free_rows += 1
-            free_kv += self.held(self.sessions[sid].committed)
+            # parking it frees the pages it holds alone (not those shared, even with a victim)
+            only = [p for p in self.sessions[sid].pages if self.holders(p) == 1]
+            free_kv += len(only) * self.cap.page_size
         return victims if free_rows >= rows and free_kv >= kv else None
 
     def place_new(self) -> tuple[list[str], bool] | None:
@@ -133,9 +152,40 @@ class SessionModel:
             batch.append(sid)
         return batch
 
+    def place_fork(self, parent: str) -> tuple[list[str], bool] | None:
+        """Where a fork of ``parent`` goes: (the idle sessions parked to make GPU room, whether
+        it is born parked); None when neither the GPU nor the host has room. A resident parent
+        shares its whole pages, so the child needs one page at most; a parked one is copied."""
+        m = self.sessions[parent]
+        page = self.cap.page_size
+        if m.parked:
+            need, keep = self.held(m.committed), ""
+        else:
+            need, keep = (page if m.committed % page else 0), parent
+        free_rows, free_kv = self.gpu_free()
+        if free_rows >= 1 and free_kv >= need:
+            return [], False
+        victims = self.lru_victims(1, need, keep)
+        if victims and self.host_fits(victims):
+            return victims, False
+        parked = self.parked()
+        pages = sum(self.cap.pages(self.sessions[s].committed) for s in parked)
+        if len(parked) < self.max_parked and pages + self.cap.pages(m.committed) <= self.host_pages:
+            return [], True
+        return None
+
+    def fork_pages(self, parent: str) -> list[int]:
+        """The GPU pages of a resident fork of ``parent``."""
+        m = self.sessions[parent]
+        whole = m.committed // self.cap.page_size
+        if m.parked:
+            return self.fresh_pages(self.cap.pages(m.committed))
+        return m.pages[:whole] + self.fresh_pages(self.cap.pages(m.committed) - whole)
+
     def park(self, sids: list[str]) -> None:
         for sid in sids:
             self.sessions[sid].parked = True
+            self.sessions[sid].pages = []
 
     # ----- what the pools must show -----------------------------------------------------------
 
@@ -144,11 +194,12 @@ class SessionModel:
         idle = [m for m in resident if m.turn is None]
         running = [m for m in resident if m.turn is not None]
         parked = [m for m in self.sessions.values() if m.parked]
+        running_pages = self.distinct(running)
         want = self.cap.expect(
             idle=len(idle),
             running=len(running),
-            idle_pages=sum(self.cap.pages(m.committed) for m in idle),
-            running_pages=sum(self.cap.pages(m.turn.target) for m in running),
+            idle_pages=len(self.distinct(idle) - running_pages),
+            running_pages=len(running_pages),
         )
         if self.max_parked:
             page = self.cap.page_size
