@@ -6,7 +6,7 @@ long-lived ``stream_outputs`` call (``replica.gateway_outputs``), so no Ray roun
 per token. When a gateway's stream ends (it stopped or died), the sessions its Converse streams
 held open are released (reason ``stream_ended``): those streams ended with it.
 
-A mixin: it uses the actor's ``engine``, ``tokenizer``, ``outputs``, ``_call``,
+A mixin: it uses the actor's ``engine``, ``tokenizer``, ``outputs``, ``call_faults``, ``_call``,
 ``_ensure_started``, ``_spawn`` and ``_note_released``.
 """
 
@@ -29,6 +29,7 @@ class TurnCalls:
     ) -> list[int | ActorError] | ActorError:
         """Queue turns, each ``(session_id, text, token_ids, sampling)`` (text or tokens);
         each result is its turn id or its refusal. Their events go to ``gateway_id``'s stream."""
+        self.call_faults.trip("submit_turns")
         inputs = []
         for session_id, text, token_ids, sampling in turns:
             if text is not None and token_ids is not None:
