@@ -6,16 +6,20 @@ an actor that cannot fetch an object whose owner died (the owner is to blame, no
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import time
 
 import pytest
 import ray
+from prometheus_client import generate_latest
 from ray import exceptions as rex
 
 from replica.api import StatusCode
 from router.call_errors import CallFailure, FailureKind, classify, object_lost, retrying
+from router.gateway.metrics import build_registry
+from tests.support.metrics import cluster_views, parse_samples, select
 
 
 @ray.remote(num_cpus=0)
@@ -150,3 +154,20 @@ def test_retrying_gives_up_on_anything_but_transient(ray_cluster):
         asyncio.run(retrying(fail))
     assert len(attempts) == 1  # an application error is not made again
     ray.kill(callee)
+
+
+def test_both_families_are_exported():
+    """The gateway's counts and the router's (from its views) on one /metrics exposition."""
+    view = dataclasses.replace(
+        cluster_views()[0], call_errors={("import_sessions", "application"): 2}
+    )
+    registry, gateway = build_registry(lambda: [view])
+    gateway.replica_call_failed("submit_turns", FailureKind.APPLICATION.value)
+    gateway.replica_call_failed("submit_turns", FailureKind.APPLICATION.value)
+    gateway.replica_call_failed("get_session", FailureKind.DEAD.value)
+    samples = parse_samples(generate_latest(registry).decode())
+    gateway_errors = "session_router_replica_call_errors_total"
+    assert select(samples, gateway_errors, method="submit_turns", kind="application") == [2]
+    assert select(samples, gateway_errors, method="get_session", kind="dead") == [1]
+    router_errors = "session_router_router_call_errors_total"
+    assert select(samples, router_errors, replica=view.replica_id, method="import_sessions") == [2]

@@ -147,6 +147,7 @@ class Failover:
                 return {}, dict.fromkeys(ids, lost)
             failure = CallFailure.of("import_sessions", f"replica {target}", exc)
             log_failure(log, failure)
+            entry.call_errors[failure.method, failure.kind.value] += 1
             if failure.kind is FailureKind.DEAD:
                 await self.on_dead(target, f"import_sessions failed: {failure.cause}")
             # the others are tried (this one is excluded); a live target stays in service

@@ -59,5 +59,6 @@ class HealthWatch:
         except Exception as exc:  # noqa: BLE001 - a failed probe is death, whatever its kind
             failure = CallFailure.of("ping", f"replica {replica_id}", exc)
             ok, why = False, f"{why}; ping failed ({failure.kind.value}): {failure.cause}"
+            entry.call_errors["ping", "dead"] += 1  # a failed probe fences, whatever its kind
         if not ok:
             await self.on_dead(replica_id, why)

@@ -181,6 +181,7 @@ class Migrator:
         except Exception as exc:  # noqa: BLE001 - blamed on the side that failed
             if object_lost(exc):  # the export is gone: finish_export finds out if the source is
                 log.error("import on %s could not fetch the export of %s: %s", target, source, exc)
+                src.call_errors["export_sessions", "object_lost"] += 1
                 imported = ActorError(
                     StatusCode.UNAVAILABLE,
                     f"the sessions' state exported by {source} was lost on the way; retry",
@@ -216,6 +217,9 @@ class Migrator:
         when it is; what the sessions of the call are left with."""
         failure = CallFailure.of(method, f"replica {replica_id}", exc)
         log_failure(log, failure)
+        entry = self.replicas.get(replica_id)
+        if entry is not None:
+            entry.call_errors[method, failure.kind.value] += 1
         if failure.kind is not FailureKind.DEAD:
             return failure.actor_error()
         await self.on_dead(replica_id, f"{method} failed: {failure.cause}")

@@ -183,6 +183,7 @@ class Opener:
         except Exception as exc:  # noqa: BLE001 - read by kind: only a dead replica is fenced
             failure = CallFailure.of("open_session", f"replica {replica_id}", exc)
             log_failure(log, failure)
+            entry.call_errors[failure.method, failure.kind.value] += 1
             if failure.kind is FailureKind.APPLICATION:
                 await self._close_on(entry, session_id)  # in case it opened before it raised
                 return failure.actor_error()
