@@ -92,9 +92,8 @@ class CallFailure:
     def message(self) -> str:
         if self.kind is FailureKind.APPLICATION:
             return (
-                f"internal error in {self.method} on {self.actor} ({self.cause}); the replica "
-                "stays in service and the session is unchanged: retry, and report it if it "
-                "persists"
+                f"internal error in {self.method} on {self.actor} ({self.cause}); it stays in "
+                "service: retry the call, and report the error if it persists"
             )
         if self.kind is FailureKind.TRANSIENT:
             return f"{self.actor} did not answer {self.method} ({self.cause}); retry"

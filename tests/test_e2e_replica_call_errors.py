@@ -12,6 +12,7 @@ test kills a replica, so the module has its own server.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import urllib.request
@@ -67,7 +68,8 @@ def open_until_spread(client: SessionClient, server, count: int):
     return sessions, refused
 
 
-def test_an_application_error_fails_one_call_and_fences_nothing(server):
+def test_an_application_error_fails_one_call_and_fences_nothing(server, caplog):
+    caplog.set_level(logging.ERROR, logger="router.gateway.follow")
     client = SessionClient(server.address)
     first = set(server.replicas)
     sessions, refused = open_until_spread(client, server, 6)
@@ -100,6 +102,10 @@ def test_an_application_error_fails_one_call_and_fences_nothing(server):
     for view in router_views(server).values():
         assert view.sessions_lost == 0 and not any(view.sessions_migrated.values()), view
 
+    logged = [  # once each, with its traceback, where the gateway caught it
+        r for r in caplog.records if r.exc_info and "InjectedCallError" in r.getMessage()
+    ]
+    assert len(logged) == len(refused) + len(failed_turns), [r.getMessage() for r in logged]
     samples = parse_samples(scrape(server))
     for method in ("open_sessions", "submit_turns"):
         assert select(samples, ERRORS, method=method, kind="application") == [len(first)]
