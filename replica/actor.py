@@ -25,6 +25,7 @@ from typing import Any
 
 import ray
 
+from replica import failpoints
 from replica.actor_checkpoints import CheckpointsAPI
 from replica.actor_moves import SessionMovesAPI
 from replica.actor_sessions import SessionsAPI
@@ -76,6 +77,7 @@ class ReplicaActor(SessionsAPI, TurnCalls, SessionMovesAPI, CheckpointsAPI):
         self.config = dataclasses.replace(config, pools=pools)
         self.tokenizer = tokenizer
         generation = GenerationDefaults.from_checkpoint(source.path)
+        self.call_faults = failpoints.CallFaults(config.failpoints)
         self.engine = Engine(self.config, net, tokenizer, replica_id, generation=generation)
         self.router = router
         self.report_interval_s = report_interval_s

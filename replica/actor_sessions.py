@@ -24,6 +24,7 @@ from replica.batch_calls import open_batch
 class SessionsAPI:
     engine: Any
     tokenizer: Any
+    call_faults: Any  # replica.failpoints.CallFaults
 
     async def _call(self, fn, *args) -> Any:  # provided by ReplicaActor
         raise NotImplementedError
@@ -33,6 +34,7 @@ class SessionsAPI:
         (``lease_s`` > 0: a stream holds it open, see ``hold_sessions``); each is opened or
         refused on its own. The reply carries the snapshot taken after the last, so the caller's
         view of this replica's room is never older than its own placements."""
+        self.call_faults.trip("open_sessions")
         return await self._call(open_batch, self.engine, requests)
 
     async def open_session(

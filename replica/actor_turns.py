@@ -6,7 +6,7 @@ long-lived ``stream_outputs`` call (``replica.gateway_outputs``), so no Ray roun
 per token. When a gateway's stream ends (it stopped or died), the sessions its Converse streams
 held open are released (reason ``stream_ended``): those streams ended with it.
 
-A mixin: it uses the actor's ``engine``, ``tokenizer``, ``outputs``, ``_call``,
+A mixin: it uses the actor's ``engine``, ``tokenizer``, ``outputs``, ``call_faults``, ``_call``,
 ``_ensure_started``, ``_spawn`` and ``_note_released``.
 """
 
@@ -32,6 +32,7 @@ class TurnCalls:
         each result is its turn id or its refusal. Their events go to ``gateway_id``'s stream.
         Text is tokenised on a worker thread: a long text must not hold up the actor's event
         loop, which answers health probes and pushes snapshots."""
+        self.call_faults.trip("submit_turns")
         if any(text is not None for _, text, _, _ in turns):
             inputs = await asyncio.to_thread(self._turn_inputs, turns)
         else:

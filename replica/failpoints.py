@@ -17,6 +17,10 @@ exists to catch:
   allocation of parking raises, once: the first, or the N-th with ``park_copy_fails:N``; the park,
   restore or swap rolls back, the turn that needed it fails, no session loses its state
   (``replica.sessions.parking``).
+- ``replica_call_raises``: the replica's first turn submission (``submit_turns``) and its first
+  open (``open_sessions``) each raise an ordinary exception inside the actor, once, before
+  touching any state (``CallFaults``); the replica stays alive and well, so its callers must
+  fail that one call INTERNAL and keep the replica in service (``router.call_errors``).
 """
 
 from __future__ import annotations
@@ -33,7 +37,9 @@ NAMES = (
     "leak_checkpoint_on_release",
     "park_copy_fails",
     "park_host_alloc_fails",
+    "replica_call_raises",
 )
+CALLS_THAT_RAISE = ("submit_turns", "open_sessions")  # what replica_call_raises arms, once each
 
 
 def parse(value: str) -> frozenset[str]:
@@ -67,3 +73,21 @@ def from_env(environ: Mapping[str, str] = os.environ) -> frozenset[str]:
 def check(names: frozenset[str]) -> frozenset[str]:
     """``names`` itself when every one is a known failpoint."""
     return parse(",".join(names))
+
+
+class InjectedCallError(RuntimeError):
+    """The exception ``replica_call_raises`` raises: an application error, not a dead actor."""
+
+
+class CallFaults:
+    """The calls still armed to raise once (``replica_call_raises``); empty when it is off.
+    Owned by one replica actor, used on its event loop only."""
+
+    def __init__(self, names: frozenset[str]) -> None:
+        self._armed = set(CALLS_THAT_RAISE) if "replica_call_raises" in names else set()
+
+    def trip(self, call: str) -> None:
+        """Raise ``InjectedCallError`` if ``call`` is still armed (disarming it)."""
+        if call in self._armed:
+            self._armed.discard(call)
+            raise InjectedCallError(f"failpoint replica_call_raises: {call} raised")

@@ -26,6 +26,7 @@ from typing import Any
 import ray
 
 from replica.api import ActorError, MigrationReason, StatusCode
+from router.call_errors import CallFailure, FailureKind, log_failure, object_lost
 from router.control.migration import Migrator
 from router.control.table import ReplicaEntry, SessionTable
 
@@ -139,10 +140,19 @@ class Failover:
         entry.reserved += len(ids)
         try:
             imported = await entry.handle.import_sessions.remote([found[s][1][0] for s in ids])
-        except Exception as exc:  # noqa: BLE001 - the target died too: try the others
-            await self.on_dead(target, f"import_sessions failed: {type(exc).__name__}")
-            gone = ActorError(StatusCode.RESOURCE_EXHAUSTED, f"replica {target} died")
-            return {}, dict.fromkeys(ids, gone)
+        except Exception as exc:  # noqa: BLE001 - blamed on the side that failed
+            if object_lost(exc):  # the checkpoints are gone, not the target: nothing to restore
+                log.error("import on %s could not fetch the checkpoints: %s", target, exc)
+                lost = ActorError(StatusCode.ABORTED, "the session's checkpoint was lost")
+                return {}, dict.fromkeys(ids, lost)
+            failure = CallFailure.of("import_sessions", f"replica {target}", exc)
+            log_failure(log, failure)
+            entry.call_errors[failure.method, failure.kind.value] += 1
+            if failure.kind is FailureKind.DEAD:
+                await self.on_dead(target, f"import_sessions failed: {failure.cause}")
+            # the others are tried (this one is excluded); a live target stays in service
+            again = ActorError(StatusCode.RESOURCE_EXHAUSTED, failure.message())
+            return {}, dict.fromkeys(ids, again)
         finally:
             entry.reserved -= len(ids)
         if isinstance(imported, ActorError):

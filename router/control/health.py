@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from router.call_errors import CallFailure
 from router.control.table import ReplicaEntry
 from router.control.views import ReplicaHealth
 
@@ -55,7 +56,9 @@ class HealthWatch:
     async def _probe(self, replica_id: str, entry: ReplicaEntry, why: str) -> None:
         try:
             ok = await asyncio.wait_for(entry.handle.ping.remote(), timeout=self.stale_after_s)
-        except Exception as exc:  # noqa: BLE001 - any failure to answer is death
-            ok, why = False, f"{why}; ping failed: {type(exc).__name__}"
+        except Exception as exc:  # noqa: BLE001 - a failed probe is death, whatever its kind
+            failure = CallFailure.of("ping", f"replica {replica_id}", exc)
+            ok, why = False, f"{why}; ping failed ({failure.kind.value}): {failure.cause}"
+            entry.call_errors["ping", "dead"] += 1  # a failed probe fences, whatever its kind
         if not ok:
             await self.on_dead(replica_id, why)

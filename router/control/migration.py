@@ -17,6 +17,9 @@ A move of sessions off ``source``:
    ``Moved.left``.
 A failure at any step leaves each session pinned where its state is (the source, unless the
 target confirmed the import). Moves of one session never overlap: a second waits for the first.
+Only a dead replica is declared dead (``router.call_errors``): a call that raised (an application
+error) leaves its sessions where they are with INTERNAL; an import that could not fetch the
+export (the source's object was lost) blames the source, never the target.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replica.api import ActorError, Exported, Imported, MigrationReason, StatusCode
+from router.call_errors import CallFailure, FailureKind, log_failure, object_lost, retrying
 from router.control.moving import MovingSessions
 from router.control.placement import choose_replica
 from router.control.table import ReplicaEntry, SessionTable
@@ -162,9 +166,9 @@ class Migrator:
         exported_ref, states_ref = src.handle.export_sessions.options(num_returns=2).remote(ids)
         try:
             exported: Exported | ActorError = await exported_ref
-        except Exception as exc:  # noqa: BLE001 - the source died: its failover takes over
-            await self.on_dead(source, f"export_sessions failed: {type(exc).__name__}")
-            return [], dict.fromkeys(ids, _gone(source))
+        except Exception as exc:  # noqa: BLE001 - read by kind: only a dead source is fenced
+            why = await self._failed(source, "export_sessions", exc)
+            return [], dict.fromkeys(ids, why)
         if isinstance(exported, ActorError):
             return [], dict.fromkeys(ids, exported)
         refused = {sid: _still_busy(sid) for sid in exported.busy}
@@ -174,9 +178,16 @@ class Migrator:
         dst.reserved += len(exported.exported)
         try:
             imported: Imported | ActorError = await dst.handle.import_sessions.remote([states_ref])
-        except Exception as exc:  # noqa: BLE001 - the target died under the move
-            await self.on_dead(target, f"import_sessions failed: {type(exc).__name__}")
-            imported = _gone(target)
+        except Exception as exc:  # noqa: BLE001 - blamed on the side that failed
+            if object_lost(exc):  # the export is gone: finish_export finds out if the source is
+                log.error("import on %s could not fetch the export of %s: %s", target, source, exc)
+                src.call_errors["export_sessions", "object_lost"] += 1
+                imported = ActorError(
+                    StatusCode.UNAVAILABLE,
+                    f"the sessions' state exported by {source} was lost on the way; retry",
+                )
+            else:
+                imported = await self._failed(target, "import_sessions", exc)
         finally:
             dst.reserved -= len(exported.exported)
         if isinstance(imported, ActorError):
@@ -196,11 +207,23 @@ class Migrator:
         entry = self.replicas.get(replica_id)
         if entry is None:
             return _gone(replica_id)
-        try:
-            return await getattr(entry.handle, method).remote(*args)
-        except Exception as exc:  # noqa: BLE001 - the replica died
-            await self.on_dead(replica_id, f"{method} failed: {type(exc).__name__}")
-            return _gone(replica_id)
+        try:  # each of these calls may be repeated: one that did not answer is made again
+            return await retrying(lambda: getattr(entry.handle, method).remote(*args))
+        except Exception as exc:  # noqa: BLE001 - read by kind: only a dead replica is fenced
+            return await self._failed(replica_id, method, exc)
+
+    async def _failed(self, replica_id: str, method: str, exc: BaseException) -> ActorError:
+        """``method`` on ``replica_id`` raised ``exc``: logged; the replica declared dead only
+        when it is; what the sessions of the call are left with."""
+        failure = CallFailure.of(method, f"replica {replica_id}", exc)
+        log_failure(log, failure)
+        entry = self.replicas.get(replica_id)
+        if entry is not None:
+            entry.call_errors[method, failure.kind.value] += 1
+        if failure.kind is not FailureKind.DEAD:
+            return failure.actor_error()
+        await self.on_dead(replica_id, f"{method} failed: {failure.cause}")
+        return _gone(replica_id)
 
 
 def _gone(replica_id: str) -> ActorError:

@@ -3,8 +3,10 @@
 An open picks a replica with ``router.control.placement`` among the router's views, opens the
 session there and pins it; when no replica has room it waits for room (every release and snapshot
 wakes it) up to ``open_timeout_s`` or what is left of the caller's deadline, then answers
-RESOURCE_EXHAUSTED with why. A replica that fails the open (its engine died, or the actor) is
-declared dead and the next one is tried.
+RESOURCE_EXHAUSTED with why. A replica that fails the open because it is dead (its engine died,
+or the actor) is declared dead and the next one is tried; one that does not answer for now is
+skipped (the next one is tried); one whose open raised (an application error) stays in service
+and the open fails INTERNAL, whatever it may have opened released.
 
 An open is idempotent per session id (the gateway chooses it): a retry while it runs waits for
 the same result. A caller that goes away (its call cancelled, its deadline passed) abandons its
@@ -24,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from cachetools import LRUCache
 
 from replica.api import ActorError, ReleaseReason, StatusCode
+from router.call_errors import CallFailure, FailureKind, log_failure
 from router.control.placement import choose_replica, room_report
 from router.control.table import ReplicaEntry, Route, SessionTable
 from router.control.views import ReplicaView
@@ -111,16 +114,18 @@ class Opener:
         entry = self.replicas.get(self.sessions.get(session_id).replica_id)
         self.sessions.forget(session_id)
         if entry is not None:
-            try:
-                closed = await entry.handle.close_sessions.remote(
-                    [session_id], ReleaseReason.ABORTED
-                )
-            except Exception as exc:  # noqa: BLE001 - a dead replica holds nothing
-                log.warning("release of abandoned session failed: %s", exc)
-            else:
-                if not isinstance(closed, ActorError):
-                    entry.take(closed.snapshot)
+            await self._close_on(entry, session_id)
         await self.notify_room()
+
+    async def _close_on(self, entry: ReplicaEntry, session_id: str) -> None:
+        """Release ``session_id`` on ``entry``'s replica (reason ``aborted``; idempotent)."""
+        try:
+            closed = await entry.handle.close_sessions.remote([session_id], ReleaseReason.ABORTED)
+        except Exception as exc:  # noqa: BLE001 - a dead replica holds nothing
+            log.warning("release of a session that cannot be kept failed: %s", exc)
+        else:
+            if not isinstance(closed, ActorError):
+                entry.take(closed.snapshot)
 
     async def _place(
         self,
@@ -175,8 +180,16 @@ class Opener:
             opened = await entry.handle.open_session.remote(
                 session_id, idle_timeout_s, gateway_id, tenant, lease_s
             )
-        except Exception as exc:  # noqa: BLE001 - the replica died under us
-            opened = ActorError(StatusCode.ABORTED, f"open_session failed: {exc}")
+        except Exception as exc:  # noqa: BLE001 - read by kind: only a dead replica is fenced
+            failure = CallFailure.of("open_session", f"replica {replica_id}", exc)
+            log_failure(log, failure)
+            entry.call_errors[failure.method, failure.kind.value] += 1
+            if failure.kind is FailureKind.APPLICATION:
+                await self._close_on(entry, session_id)  # in case it opened before it raised
+                return failure.actor_error()
+            if failure.kind is FailureKind.TRANSIENT:  # try the others; it is not fenced
+                return ActorError(StatusCode.RESOURCE_EXHAUSTED, failure.message())
+            opened = ActorError(StatusCode.ABORTED, failure.message())
         finally:
             entry.reserved -= 1
         if isinstance(opened, ActorError) and opened.code == StatusCode.ABORTED:

@@ -111,6 +111,7 @@ class ReplicaEntry:
     checkpoints: Any = None  # the handle of its checkpoint store, when it checkpoints
     failover: asyncio.Task | None = None  # restores its sessions once it is dead
     migrated: Counter[str] = field(default_factory=Counter)  # sessions moved away, by reason
+    call_errors: Counter[tuple[str, str]] = field(default_factory=Counter)  # (method, kind)
 
     def take(self, snapshot: PoolSnapshot) -> None:
         """Keep ``snapshot`` when it is newer than the one held (periodic reports and the
@@ -135,6 +136,7 @@ class ReplicaEntry:
             self.lost,
             dict(self.migrated),
             moving,
+            dict(self.call_errors),
         )
 
 

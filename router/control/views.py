@@ -30,6 +30,8 @@ class ReplicaView:
     sessions_lost: int = 0  # sessions the router released because this replica died
     sessions_migrated: dict[str, int] = field(default_factory=dict)  # moved away, by reason
     sessions_moving: int = 0  # sessions moving away from it now (migration, failover)
+    # the router's calls to it that raised, by (method, kind): router.call_errors
+    call_errors: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def _free(self, pool: str) -> int:
         """Free slots of ``pool`` in the latest snapshot; 0 without one or without that pool."""

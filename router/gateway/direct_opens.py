@@ -7,8 +7,10 @@ the snapshots this gateway's own calls brought back), net of the opens this gate
 Views go stale between polls, and other gateways place too, but the replica has the last word: it
 refuses a session it has no room for (or while it drains). Whatever does not work out this way
 (no replica with room in view, a refusal, a replica that died, a pin the router refused because
-it knows that replica dead) returns None: the caller then opens through the router, which waits
-for room up to ``--open-timeout-s``. A session that landed but cannot be kept is released.
+it knows that replica dead, a replica that did not answer for now) returns None: the caller then
+opens through the router, which waits for room up to ``--open-timeout-s``. A session that landed
+but cannot be kept is released. Only a dead replica is reported lost; one whose open raised (an
+application error) stays in service, and the open fails INTERNAL (``Refused``).
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 
 from replica.api import ActorError, ReleaseReason, SessionInfo
+from router.call_errors import CallFailure, FailureKind
 from router.control.placement import choose_replica
 from router.control.table import Route
 from router.gateway.background import Background
 from router.gateway.cluster_view import ClusterView
+from router.gateway.convert import Refused
 from router.gateway.replica_calls import ReplicaCallsByReplica
 from router.gateway.router_updates import RouterUpdates
 
@@ -38,6 +42,7 @@ class DirectOpener:
         updates: RouterUpdates,
         background: Background,
         on_lost: Callable[[str, str], Awaitable[None]],
+        on_failure: Callable[[str, str, BaseException], CallFailure],
     ) -> None:
         self.gateway_id = gateway_id
         self.cluster = cluster
@@ -45,12 +50,14 @@ class DirectOpener:
         self.updates = updates
         self.background = background
         self.on_lost = on_lost
+        self.on_failure = on_failure  # reads, logs and counts a call that raised
         self.in_flight: Counter[str] = Counter()  # opens on their way, by replica
 
     async def open(
         self, session_id: str, idle_timeout_s: float, tenant: str, lease_s: float
     ) -> Route | None:
-        """The session opened and pinned, or None: open it through the router instead."""
+        """The session opened and pinned, or None: open it through the router instead.
+        Raises ``Refused`` (INTERNAL) when the replica raised on the open."""
         replica_id = choose_replica(self.cluster.placement_views(), self.in_flight)
         handle = self.cluster.handles.get(replica_id) if replica_id is not None else None
         if handle is None:
@@ -68,6 +75,8 @@ class DirectOpener:
         finally:
             self.in_flight[replica_id] -= 1
         info = await self._settle(replica_id, session_id, opened, pinned)
+        if isinstance(info, CallFailure):
+            raise Refused(info.status(), info.message())
         if info is None:
             return None
         return Route(session_id, replica_id, handle, info, tenant)
@@ -79,14 +88,17 @@ class DirectOpener:
         opened: asyncio.Future,
         pinned: asyncio.Future,
         keep: bool = True,
-    ) -> SessionInfo | None:
+    ) -> SessionInfo | CallFailure | None:
         """Once both calls are done: the session's info when it landed and is pinned (and
         ``keep``: its caller is still there); else None, with the session released on the
-        replica and unpinned at the router."""
+        replica and unpinned at the router; or the open's ``CallFailure`` when the replica
+        raised (an application error: whatever it may have opened is released too)."""
         await asyncio.wait((opened, pinned))
+        failure = None
         if opened.exception() is not None:
-            why = f"open_sessions failed: {type(opened.exception()).__name__}"
-            await self.on_lost(replica_id, why)
+            failure = self.on_failure("open_sessions", replica_id, opened.exception())
+            if failure.kind is FailureKind.DEAD:
+                await self.on_lost(replica_id, f"open_sessions failed: {failure.cause}")
             info = None
         else:
             result = opened.result()
@@ -101,13 +113,15 @@ class DirectOpener:
         ok = pinned.exception() is None and pinned.result() is True
         if info is not None and ok and keep:
             return info
-        if info is not None:
+        if info is not None or (failure is not None and failure.kind is not FailureKind.DEAD):
             handle = self.cluster.handles.get(replica_id)
             if handle is not None:
                 calls = self.calls.of(replica_id, handle)
                 await _quietly(calls.close(session_id, ReleaseReason.ABORTED))
         if ok:
             self.updates.forget(session_id, replica_id)
+        if failure is not None and failure.kind is FailureKind.APPLICATION:
+            return failure
         return None
 
 

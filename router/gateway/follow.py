@@ -26,12 +26,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from replica.api import ActorError, ReleaseReason, StatusCode
+from router.call_errors import CallFailure, FailureKind, log_failure, retrying
 from router.control.table import Route
 from router.gateway.background import Background
 from router.gateway.cluster_view import ClusterView
 from router.gateway.convert import Refused, check
 from router.gateway.delivery import Delivery
 from router.gateway.inbox import ReplicaLost
+from router.gateway.metrics import GatewayMetrics
 from router.gateway.replica_calls import ReplicaCallsByReplica
 from router.gateway.route_cache import RouteCache
 from router.gateway.router_client import RouterClient
@@ -52,6 +54,7 @@ class Following:
     cluster: ClusterView
     updates: RouterUpdates
     delivery: Delivery
+    metrics: GatewayMetrics
 
     async def relocate(self, route: Route) -> Route | ActorError:
         """Where ``route``'s session is now, asked of the router (which waits while it moves)."""
@@ -66,9 +69,12 @@ class Following:
         ``Refused``."""
         for _ in range(MAX_FOLLOWS):
             try:
-                result = await make(route)
-            except Exception as exc:  # noqa: BLE001 - the replica died
-                await self.replica_lost(route.replica_id, f"{what} failed: {type(exc).__name__}")
+                result = await retrying(lambda r=route: make(r))
+            except Exception as exc:  # noqa: BLE001 - read by kind: only a dead replica is lost
+                failure = self.call_failed(what, route.replica_id, exc)
+                if failure.kind is not FailureKind.DEAD:
+                    raise Refused(failure.status(), failure.message()) from None
+                await self.replica_lost(route.replica_id, f"{what} failed: {failure.cause}")
                 result = ActorError(StatusCode.UNAVAILABLE, f"replica {route.replica_id} died")
             if not (isinstance(result, ActorError) and result.code in FOLLOWED):
                 return route, check(result)
@@ -88,8 +94,8 @@ class Following:
             calls = self.calls.of(route.replica_id, route.handle)
             try:
                 closed = await calls.close(route.session_id, reason)
-            except Exception as exc:  # noqa: BLE001 - the replica is gone: ask where it went
-                log.warning("release of %s failed: %s", route.session_id, exc)
+            except Exception as exc:  # noqa: BLE001 - logged, counted: ask where it is
+                self.call_failed("close_sessions", route.replica_id, exc)
                 closed = None
             closed = None if isinstance(closed, ActorError) else closed
             if closed is not None:
@@ -108,6 +114,13 @@ class Following:
         self.background.spawn(self.updates.forget(route.session_id, route.replica_id, snapshot))
         self.routes.drop(route.session_id)
         return bool(closed and closed.was_open)
+
+    def call_failed(self, method: str, replica_id: str, exc: BaseException) -> CallFailure:
+        """A call of this gateway to a replica raised: read, logged once and counted."""
+        failure = CallFailure.of(method, f"replica {replica_id}", exc)
+        log_failure(log, failure)
+        self.metrics.replica_call_failed(method, failure.kind.value)
+        return failure
 
     # ----- replicas that end ------------------------------------------------------------------
 

@@ -67,6 +67,7 @@ class Gateway(Following):
             self.updates,
             self.background,
             self.replica_lost,
+            self.call_failed,
         )
 
     async def start(self) -> None:

@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 
 from replica.api import POOL_NAMES, POOL_STATES, HistogramCounts, ReleaseReason, StatusCode
 from router.control.views import ReplicaHealth, ReplicaView
+from router.gateway.call_error_metrics import router_call_error_family
 from router.gateway.migration_metrics import migration_families
 
 RELEASE_REASONS = tuple(reason.value for reason in ReleaseReason)
@@ -175,6 +176,7 @@ class ClusterCollector(Collector):
         yield from (slots, capacity, leaked, sessions, pinned, opened, released, up, draining, age)
         yield from (parked, parks, restores, restore_seconds)
         yield from migration_families(views)
+        yield from router_call_error_family(views)
 
 
 def histogram_buckets(counts: HistogramCounts) -> tuple[list[tuple[str, float]], float]:
@@ -192,6 +194,7 @@ class GatewayMetrics:
         "time_to_first_token",
         "generated_tokens",
         "open_rejected",
+        "replica_call_errors",
         "_rpc_children",
     )
 
@@ -227,6 +230,13 @@ class GatewayMetrics:
             ["reason"],
             registry=registry,
         )
+        self.replica_call_errors = Counter(
+            "session_router_replica_call_errors_total",
+            "Calls of this gateway to a replica that raised, by method and kind "
+            "(application: the replica raised; transient: retried, then UNAVAILABLE; dead).",
+            ["method", "kind"],
+            registry=registry,
+        )
 
     def observe_rpc(self, method: str, code: StatusCode, seconds: float) -> None:
         """Count one finished call (label ``code``: the status name, e.g. "OK")."""
@@ -249,6 +259,10 @@ class GatewayMetrics:
     def open_rejected_for(self, reason: str) -> None:
         """Count one refused OpenSession (e.g. reason="no_room", "no_replicas", "timeout")."""
         self.open_rejected.labels(reason=reason).inc()
+
+    def replica_call_failed(self, method: str, kind: str) -> None:
+        """Count one replica call that raised (kind: "application", "transient" or "dead")."""
+        self.replica_call_errors.labels(method=method, kind=kind).inc()
 
 
 def build_registry(
