@@ -3,22 +3,44 @@
 
 - ``checkpoint_stream(store)``: the long-lived streaming call through which this replica's
   ``CheckpointStore`` (``store``, remembered for re-registration with a restarted router) pulls
-  its checkpoints; the store owns every item.
+  its checkpoints; the store owns every item. A new store's call replaces the one before, and
+  every session the replica holds is checkpointed again at once (``recheckpointed_total``).
 - ``checkpoints_acked(seq, held, held_bytes)``: the store holds every item up to ``seq``.
+
+The store's watch, on the actor's event loop: every ``WATCH_INTERVAL_S`` it releases turn
+endings held past their bound, and ends the stream of a store that died (a probe fails with
+Ray's actor-died error) or acknowledged nothing for ``stall_s``; the serve process's
+``StoreKeeper`` replaces a dead store with a new one, which follows again.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any
 
+import ray
+
 from replica.checkpoints.outbox import CheckpointOutbox
+
+log = logging.getLogger(__name__)
+
+WATCH_INTERVAL_S = 0.25
+PROBE_TIMEOUT_S = 2.0  # a store that answers no probe in this long is slow, not known dead
 
 
 class CheckpointsAPI:
     checkpoint_outbox: CheckpointOutbox | None
     checkpoint_store: Any
+    engine: Any
 
     async def _ensure_started(self) -> None:  # provided by ReplicaActor
+        raise NotImplementedError
+
+    async def _call(self, fn, *args) -> Any:  # provided by ReplicaActor
+        raise NotImplementedError
+
+    def _spawn(self, coro) -> None:  # provided by ReplicaActor
         raise NotImplementedError
 
     async def checkpoint_stream(self, store: Any):
@@ -32,3 +54,41 @@ class CheckpointsAPI:
     async def checkpoints_acked(self, seq: int, held: int, held_bytes: int) -> None:
         if self.checkpoint_outbox is not None:
             self.checkpoint_outbox.acked(seq, held, held_bytes)
+
+    def _checkpoints_connected(self, connected: bool) -> None:
+        """A store follows (or stopped following): the engine exports while one does."""
+        self.engine.checkpoints.enabled = connected
+        if connected:
+            self._spawn(self._checkpoint_all())
+
+    async def _checkpoint_all(self) -> None:
+        count = await self._call(self.engine.checkpoint_all)
+        if isinstance(count, int) and count:
+            self.checkpoint_outbox.recheckpointed_total += count
+            log.warning("a new checkpoint store follows: %d sessions checkpointed again", count)
+
+    async def _watch_checkpoint_store(self) -> None:
+        outbox = self.checkpoint_outbox
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            outbox.holds.release_overdue()
+            if not outbox.connected:
+                continue
+            late = outbox.unacked_s()
+            if late > outbox.stall_s:
+                outbox.disconnect(f"it acknowledged nothing for {late:.0f} s")
+            elif await self._store_died():
+                outbox.disconnect("it died")
+
+    async def _store_died(self) -> bool:
+        """True only when the store is known dead (Ray's actor-died error)."""
+        store = self.checkpoint_store
+        if store is None:
+            return False
+        try:
+            await asyncio.wait_for(store.stats.remote(), PROBE_TIMEOUT_S)
+        except ray.exceptions.ActorDiedError:
+            return store is self.checkpoint_store  # not replaced meanwhile
+        except Exception:  # noqa: BLE001 - slow or unreachable for now: the stall bound decides
+            return False
+        return False

@@ -111,6 +111,13 @@ class SessionOps:
         if self.checkpoints is not None:
             self.checkpoints.changed(slots)
 
+    def checkpoint_all(self) -> int:
+        """Note every open session changed (a new store follows, which holds none of them): each
+        is checkpointed after this step, or at its turn's end; returns how many."""
+        slots = list(self.sessions.sessions.values())
+        self.checkpoint_changed(slots)
+        return len(slots) if self.checkpoints is not None else 0
+
     def take_checkpoints(self) -> CheckpointBatch | None:
         """What the steps since the last call leave to checkpoint (None: checkpoints off)."""
         if self.checkpoints is None:
