@@ -69,6 +69,7 @@ class CheckpointsAPI:
 
     async def _watch_checkpoint_store(self) -> None:
         outbox = self.checkpoint_outbox
+        probe: asyncio.Task | None = None  # one probe at a time, beside the bounds' checks
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
             outbox.holds.release_overdue()
@@ -77,18 +78,18 @@ class CheckpointsAPI:
             late = outbox.unacked_s()
             if late > outbox.stall_s:
                 outbox.disconnect(f"it acknowledged nothing for {late:.0f} s")
-            elif await self._store_died():
-                outbox.disconnect("it died")
+            elif probe is None or probe.done():
+                probe = asyncio.get_running_loop().create_task(self._probe_store())
 
-    async def _store_died(self) -> bool:
-        """True only when the store is known dead (Ray's actor-died error)."""
+    async def _probe_store(self) -> None:
+        """Disconnect the store when it is known dead (Ray's actor-died error)."""
         store = self.checkpoint_store
         if store is None:
-            return False
+            return
         try:
             await asyncio.wait_for(store.stats.remote(), PROBE_TIMEOUT_S)
         except ray.exceptions.ActorDiedError:
-            return store is self.checkpoint_store  # not replaced meanwhile
+            if store is self.checkpoint_store:  # not replaced meanwhile
+                self.checkpoint_outbox.disconnect("it died")
         except Exception:  # noqa: BLE001 - slow or unreachable for now: the stall bound decides
-            return False
-        return False
+            return

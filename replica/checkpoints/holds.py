@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from replica.api import TurnEvent
 
-HOLD_S = 2.0  # the longest a turn's last event waits for its checkpoint
+HOLD_S = 3.0  # the longest a turn's last event waits for its checkpoint
 
 
 class TurnHolds:

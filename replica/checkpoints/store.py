@@ -32,6 +32,8 @@ from replica.checkpoints.outbox import CheckpointDrop
 
 log = logging.getLogger(__name__)
 
+ACK_WAIT_S = 10.0  # how long a new stream waits for the last one's acknowledgements to land
+
 
 class CheckpointStore:
     def __init__(self, replica_id: str) -> None:
@@ -48,6 +50,8 @@ class CheckpointStore:
         stream ended (the replica stopped waiting for this store's acknowledgements), it starts
         over from nothing: the replica sends every session's checkpoint again."""
         if self._pull is None or self._pull.done():
+            if self._acking is not None:  # the last stream's acknowledgements land first
+                await asyncio.wait([self._acking], timeout=ACK_WAIT_S)
             here = ray.get_runtime_context().get_node_id()
             self._ended = asyncio.Event()
             self._pull = asyncio.get_running_loop().create_task(

@@ -45,6 +45,7 @@ class StoreKeeper:
         self.router = router
         self.namespace = namespace
         self.replaced = 0
+        self.generations: dict[str, int] = {}  # replica id -> stores it has had, less one
 
     async def reconcile(self, live: Iterable[str]) -> None:
         """Replace the dead stores of the ``live`` replicas; have a live store that stopped
@@ -81,12 +82,14 @@ class StoreKeeper:
         log.warning("the checkpoint store of %s stalled: it follows again", replica_id)
 
     async def _replace(self, replica_id: str) -> None:
+        log.warning("the checkpoint store of %s died: starting a new one", replica_id)
         replica = self.replicas[replica_id]
         desc = await replica.describe.remote()
-        store = await start_store(replica_id, replica, desc.node_id, self.namespace)
+        self.generations[replica_id] = generation = self.generations.get(replica_id, 0) + 1
+        store = await start_store(replica_id, replica, desc.node_id, self.namespace, generation)
         if not await self.router.replace_checkpoint_store.remote(replica_id, store):
             ray.kill(store, no_restart=True)  # the replica died meanwhile: its failover is done
             return
         self.stores[replica_id] = store
         self.replaced += 1
-        log.warning("the checkpoint store of %s died: a new one follows it", replica_id)
+        log.warning("a new checkpoint store follows %s", replica_id)
