@@ -9,8 +9,9 @@
 
 The store's watch, on the actor's event loop: every ``WATCH_INTERVAL_S`` it releases turn
 endings held past their bound, and ends the stream of a store that died (a probe fails with
-Ray's actor-died error) or acknowledged nothing for ``stall_s``; the serve process's
-``StoreKeeper`` replaces a dead store with a new one, which follows again.
+Ray's actor-died error) or acknowledged nothing for ``stall_s`` (a hung store's stream once it
+answers again); the serve process's ``StoreKeeper`` replaces a dead store with a new one, or has
+a live one whose stream ended follow again.
 """
 
 from __future__ import annotations
@@ -73,23 +74,28 @@ class CheckpointsAPI:
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
             outbox.holds.release_overdue()
-            if not outbox.connected:
+            if not (outbox.connected or outbox.abandoned):
                 continue
             late = outbox.unacked_s()
             if late > outbox.stall_s:
-                outbox.disconnect(f"it acknowledged nothing for {late:.0f} s")
+                outbox.disconnect(f"it acknowledged nothing for {late:.0f} s", end_stream=False)
             elif probe is None or probe.done():
                 probe = asyncio.get_running_loop().create_task(self._probe_store())
 
     async def _probe_store(self) -> None:
-        """Disconnect the store when it is known dead (Ray's actor-died error)."""
-        store = self.checkpoint_store
+        """Disconnect the store when it is known dead (Ray's actor-died error); end the stream
+        of a hung store once it answers again."""
+        store, outbox = self.checkpoint_store, self.checkpoint_outbox
         if store is None:
             return
         try:
             await asyncio.wait_for(store.stats.remote(), PROBE_TIMEOUT_S)
         except ray.exceptions.ActorDiedError:
             if store is self.checkpoint_store:  # not replaced meanwhile
-                self.checkpoint_outbox.disconnect("it died")
+                outbox.disconnect("it died")
+                outbox.end_abandoned()
+            return
         except Exception:  # noqa: BLE001 - slow or unreachable for now: the stall bound decides
             return
+        if store is self.checkpoint_store:
+            outbox.end_abandoned()

@@ -17,7 +17,8 @@ events queue behind it, in order, and every other session's events go out at onc
 One store follows at a time: a store that calls ``stream`` replaces the one before (whose stream
 ends) and starts over from nothing. A store that is gone never ends its stream itself (Ray keeps
 a streaming call running after its caller's death), so ``disconnect`` ends it: the replica's
-watch calls it when the store died or acknowledged nothing for ``stall_s``. Without a connected
+watch calls it when the store died or acknowledged nothing for ``stall_s`` (a hung store's
+stream is ended only once it answers again, ``end_abandoned``). Without a connected
 store nothing is queued or held, and every open session is *unprotected*; ``protected`` names
 the sessions of which the connected store holds a checkpoint.
 
@@ -71,6 +72,7 @@ class CheckpointOutbox:
         self.connected = False
         self.protected: frozenset[str] = frozenset()  # replaced whole: read by the engine thread
         self._queue: asyncio.Queue | None = None  # the connected store's stream
+        self.abandoned: asyncio.Queue | None = None  # a hung store's stream, left open
         self._seq = 0  # items queued so far
         self._sent_at: dict[int, float] = {}  # unacknowledged items: when queued
         self._expected: set[str] = set()
@@ -152,16 +154,26 @@ class CheckpointOutbox:
         self.connected = connected
         self.on_connected(connected)
 
-    def disconnect(self, why: str) -> None:
-        """The connected store is gone (or replaced): end its stream, forget what was in flight,
-        send every held event on. Its sessions are unprotected until a store follows again."""
+    def disconnect(self, why: str, end_stream: bool = True) -> None:
+        """The store is gone (or replaced): end its stream (without ``end_stream``, a hung
+        store's, only at ``end_abandoned``: Ray's end of a streaming call waits for its caller,
+        a stopped one would stall this actor), forget what was in flight, send held events on."""
         queue, self._queue = self._queue, None
         if queue is None:
             return
         log.error("checkpoint store disconnected: %s; sessions are unprotected meanwhile", why)
-        queue.put_nowait(None)
+        if end_stream:
+            queue.put_nowait(None)
+        else:
+            self.abandoned = queue
         self._connect(False)
         self._reset()
+
+    def end_abandoned(self) -> None:
+        """The hung store answers again: end the stream left open (it then follows anew)."""
+        queue, self.abandoned = self.abandoned, None
+        if queue is not None:
+            queue.put_nowait(None)
 
     def close(self) -> None:
         """The replica is dead: end the stream (the store keeps what it has)."""
@@ -206,8 +218,7 @@ class CheckpointOutbox:
 
     def unacked_s(self) -> float:
         """How long the oldest unacknowledged item has waited (0: none waits)."""
-        oldest = min(self._sent_at.values(), default=None)
-        return 0.0 if oldest is None else time.monotonic() - oldest
+        return time.monotonic() - min(self._sent_at.values(), default=time.monotonic())
 
     def _reset(self) -> None:
         """Forget everything in flight and send every held event on."""
@@ -237,10 +248,5 @@ class CheckpointOutbox:
         """The totals, and how many of ``open_sessions`` have no checkpoint in the store."""
         protected = self.protected
         unprotected = sum(1 for sid in open_sessions if sid not in protected)
-        return CheckpointStats(
-            self.written_total,
-            self.bytes_written_total,
-            self._acked[2],
-            unprotected,
-            self.recheckpointed_total,
-        )
+        totals = self.written_total, self.bytes_written_total, self._acked[2]
+        return CheckpointStats(*totals, unprotected, self.recheckpointed_total)
