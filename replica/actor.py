@@ -88,9 +88,10 @@ class ReplicaActor(SessionsAPI, TurnCalls, SessionMovesAPI, CheckpointsAPI):
                     dispatch, self.config.pools.max_open_sessions, self._checkpoints_connected
                 )
                 open_ids = self.engine.sessions.sessions  # read on the engine thread
+                noted = self.engine.checkpoints.noted
                 self.engine.checkpoint_accounting = lambda: (
                     outbox.pool_stats(),
-                    outbox.stats(open_ids),
+                    outbox.stats(open_ids, noted),
                 )
                 dispatch = outbox.dispatch
             self._async = AsyncEngine(

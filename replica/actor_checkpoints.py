@@ -77,6 +77,7 @@ class CheckpointsAPI:
             if not (outbox.connected or outbox.abandoned):
                 continue
             late = outbox.unacked_s()
+            outbox.acks_late = late > outbox.holds.hold_s
             if late > outbox.stall_s:
                 outbox.disconnect(f"it acknowledged nothing for {late:.0f} s", end_stream=False)
             elif probe is None or probe.done():

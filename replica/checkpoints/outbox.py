@@ -73,6 +73,7 @@ class CheckpointOutbox:
         self.protected: frozenset[str] = frozenset()  # replaced whole: read by the engine thread
         self._queue: asyncio.Queue | None = None  # the connected store's stream
         self.abandoned: asyncio.Queue | None = None  # a hung store's stream, left open
+        self.acks_late = False  # set by the replica's watch: an item waits past the hold bound
         self._seq = 0  # items queued so far
         self._sent_at: dict[int, float] = {}  # unacknowledged items: when queued
         self._expected: set[str] = set()
@@ -244,9 +245,18 @@ class CheckpointOutbox:
         store_held, expected, _ = self._acked
         return PoolStats(CHECKPOINT_POOL, self.capacity, self.capacity - store_held, 0, expected)
 
-    def stats(self, open_sessions: Iterable[str] = ()) -> CheckpointStats:
-        """The totals, and how many of ``open_sessions`` have no checkpoint in the store."""
-        protected = self.protected
-        unprotected = sum(1 for sid in open_sessions if sid not in protected)
+    def stats(
+        self, open_sessions: Iterable[str] = (), noted: Callable[[str], bool] = lambda s: False
+    ) -> CheckpointStats:
+        """The totals, and how many of ``open_sessions`` have no checkpoint in the store: all
+        while no store follows; else those not stored, except a first checkpoint on its way
+        (``noted``) while acknowledgements are on time and its turn's end was not let go."""
+        protected, prompt = self.protected, self.connected and not self.acks_late
+        unprotected = sum(
+            1
+            for sid in open_sessions
+            if sid not in protected
+            and not (prompt and noted(sid) and sid not in self.holds.given_up)
+        )
         totals = self.written_total, self.bytes_written_total, self._acked[2]
         return CheckpointStats(*totals, unprotected, self.recheckpointed_total)
