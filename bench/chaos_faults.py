@@ -17,6 +17,7 @@ import time
 
 import ray
 
+from replica.api import PoolSnapshot
 from router.config import ServeConfig
 from router.control.views import ReplicaHealth
 from router.ops.serve import Server
@@ -50,28 +51,46 @@ def pid_of(handle) -> int:
 KINDS = ("replica", "router", "store", "stop", "migration", "drain")
 
 
-def held_by(cluster: Cluster) -> dict[str, set[str]]:
-    """Each healthy replica's sessions (a replica that does not answer at once is left out)."""
-    server, held = cluster.server, {}
+def held_by(cluster: Cluster) -> tuple[dict[str, set[str]], dict[str, int]]:
+    """Each healthy replica's sessions, and how many of them are unprotected (no checkpoint);
+    a replica that does not answer at once is left out."""
+    server, held, unprotected = cluster.server, {}, {}
     for replica_id in cluster.healthy():
         handle = server.replicas.get(replica_id)
         if handle is None:
             continue
         try:
             sessions = ray.get(handle.list_sessions.remote(), timeout=2)
+            snapshot = ray.get(handle.snapshot.remote(exact=False), timeout=2)
         except Exception:  # noqa: BLE001 - stopped or dying: not a holder we can read
             continue
         if isinstance(sessions, dict):
             held[replica_id] = set(sessions)
-    return held
+        if isinstance(snapshot, PoolSnapshot):
+            unprotected[replica_id] = snapshot.checkpoints.unprotected
+    return held, unprotected
 
 
-async def watch_doubles(cluster: Cluster, doubled: set[str], stop: asyncio.Event) -> None:
+async def watch(
+    cluster: Cluster,
+    doubled: set[str],
+    unprotected_s: dict[str, float],
+    stop: asyncio.Event,
+) -> None:
     """Sessions held by two replicas in two samples in a row (a migration holds both copies
-    for a moment only) go to ``doubled``."""
+    for a moment only) go to ``doubled``; ``unprotected_s`` keeps, per replica, the longest
+    stretch during which it held sessions without a checkpoint."""
     seen_twice: set[str] = set()
+    since: dict[str, float] = {}
     while not stop.is_set():
-        held = await asyncio.to_thread(held_by, cluster)
+        held, unprotected = await asyncio.to_thread(held_by, cluster)
+        now_s = time.monotonic()
+        for replica_id, n in unprotected.items():
+            if n == 0:
+                since.pop(replica_id, None)
+                continue
+            start = since.setdefault(replica_id, now_s)
+            unprotected_s[replica_id] = max(unprotected_s.get(replica_id, 0.0), now_s - start)
         counts: dict[str, int] = {}
         for sessions in held.values():
             for session_id in sessions:
@@ -100,6 +119,8 @@ async def inject(cluster: Cluster, kind: str, rng: random.Random, grpc_admin) ->
         if store is None:
             return None
         os.kill(await asyncio.to_thread(pid_of, store), signal.SIGKILL)
+        while server.stores.get(victim) is store and victim in server.replicas:
+            await asyncio.sleep(0.2)  # healed: serve's keeper started a new store for it
     elif kind == "stop":
         pid = await asyncio.to_thread(pid_of, handle)
         os.kill(pid, signal.SIGSTOP)
