@@ -83,7 +83,7 @@ def test_a_long_text_is_tokenised_off_the_replicas_event_loop(ray_cluster, check
     server = ServerThread(replicas=1, model_path=checkpoint).start()
     try:
         _, _, tok = load_model(checkpoint)
-        text = " ".join(CORPUS) * 600  # about 1.6 MB: the gateway's limit is not in the way here
+        text = " ".join(CORPUS) * 1200  # about 3 MB: the gateway's limit is not in the way here
         started = time.perf_counter()
         tok.encode(text)
         encode_s = time.perf_counter() - started
@@ -100,8 +100,9 @@ def test_a_long_text_is_tokenised_off_the_replicas_event_loop(ray_cluster, check
                 waits.append(time.perf_counter() - started)
             refused = ray.get(submitted)
             assert isinstance(refused, ActorError) and refused.code == StatusCode.OUT_OF_RANGE
-        # on the event loop, the pings would queue behind the whole encode (one or two answered)
-        assert len(waits) >= 5 and statistics.median(waits) < encode_s / 5, (waits, encode_s)
+        # on the event loop, the pings would queue behind the whole encode: one or two answered,
+        # the first after about encode_s
+        assert len(waits) >= 4 and statistics.median(waits) < encode_s / 2, (waits, encode_s)
         server.wait_at_capacity()
         server.assert_no_leaks()
     finally:
