@@ -35,8 +35,6 @@ CLUSTER_FAMILIES = {
     "session_router_checkpoints_written_total": "counter",
     "session_router_checkpoint_bytes_written_total": "counter",
     "session_router_checkpoint_bytes": "gauge",
-    "session_router_sessions_unprotected": "gauge",
-    "session_router_sessions_recheckpointed_total": "counter",
 }
 GATEWAY_FAMILIES = {
     "session_router_rpc_requests_total": "counter",
@@ -135,11 +133,6 @@ def test_migration_and_checkpoint_metrics_come_from_the_views(exposition):
     assert select(
         samples, "session_router_pool_slots", replica="replica-a", pool="checkpoints"
     ) == [10, 0, 8, 0]
-    # sessions without a checkpoint: only where checkpoints are on (replica-b has no such pool)
-    assert select(samples, "session_router_sessions_unprotected", replica="replica-a") == [2]
-    assert select(samples, "session_router_sessions_unprotected", replica="replica-b") == []
-    recheckpointed = "session_router_sessions_recheckpointed_total"
-    assert select(samples, recheckpointed, replica="replica-a") == [6]
 
 
 def test_parking_metrics_come_from_the_snapshots(exposition):
