@@ -66,7 +66,8 @@ def held_by(cluster: Cluster) -> tuple[dict[str, set[str]], dict[str, int]]:
             continue
         if isinstance(sessions, dict):
             held[replica_id] = set(sessions)
-        if isinstance(snapshot, PoolSnapshot):
+        if isinstance(snapshot, PoolSnapshot) and hasattr(snapshot.checkpoints, "unprotected"):
+            # replicas whose snapshots count unprotected sessions (a store that follows again)
             unprotected[replica_id] = snapshot.checkpoints.unprotected
     return held, unprotected
 
