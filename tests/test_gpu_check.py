@@ -5,7 +5,6 @@ before any test (a GPU run must never pass by running on the CPU)."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import torch
 from tests.support.device import ENV, device_under_test
 from tests.support.engine import make_engine
 from tests.support.pools import make_pools
-from tests.support.serve_process import REPO
+from tests.support.serve_process import REPO, user_env
 
 SCRIPT = REPO / "scripts" / "gpu-check.sh"
 
@@ -29,7 +28,7 @@ def test_the_script_fails_clearly_without_cuda():
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "PYTHON": sys.executable},
+        env=user_env(PYTHON=sys.executable),
     )
     assert out.returncode == 1, out.stdout + out.stderr
     assert "gpu-check: FAILED: no CUDA device here" in out.stderr
@@ -69,7 +68,7 @@ def test_an_unusable_device_stops_the_run_before_any_test():
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, ENV: wanted},
+        env=user_env(**{ENV: wanted}),
     )
     assert out.returncode == 4, out.stdout + out.stderr
     assert "cannot run on the test device" in out.stdout + out.stderr
