@@ -1,51 +1,30 @@
 """``--model-path``: an HF-format checkpoint with its own ``tokenizer.json`` served end to end.
 
-The checkpoint is made here: a tiny random transformers Bamba saved with ``save_pretrained``
-plus a small BPE tokenizer trained with the ``tokenizers`` library. Text goes in through gRPC
-and the streamed text is the tokenizer's decoding of the streamed tokens.
+The checkpoint is ``tests.support.bpe_peer``'s: a tiny random transformers Bamba saved with
+``save_pretrained`` plus a small BPE tokenizer trained with the ``tokenizers`` library. Text goes
+in through gRPC and the streamed text is the tokenizer's decoding of the streamed tokens.
 """
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 
 import pytest
 import ray
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from protos import session_router_pb2 as pb
 from replica.api import ActorError, SamplingParams, StatusCode
 from replica.model import HFTokenizer, load_model
 from router.client import SessionClient
+from tests.support.bpe_peer import CORPUS, save_bpe_peer
 from tests.support.cluster import ServerThread
-from tests.support.hf_peer import VOCAB, tiny_hf_bamba
-
-CORPUS = [
-    "the session keeps its state between turns",
-    "hello there, how are you today?",
-    "mamba slots are freed when a session ends",
-    "stream the tokens as they come",
-] * 20
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("bamba-bpe")
-    tiny_hf_bamba(seed=3).save_pretrained(str(path))
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB,
-        special_tokens=["<unk>", "<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(CORPUS, trainer)
-    assert tok.get_vocab_size() <= VOCAB
-    tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    save_bpe_peer(path, seed=3)
     return str(path)
 
 
