@@ -243,6 +243,7 @@ def run_chaos(config: ChaosConfig, namespace: str | None = None) -> ChaosReport:
         max_context=1024,
         grpc_port=0,
         metrics_port=0,
+        http_port=0,
         strict=True,
         session_idle_timeout_s=3.0,
         open_timeout_s=5.0,

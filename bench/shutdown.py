@@ -39,6 +39,7 @@ async def stop_time(replicas: int, grace_s: float) -> tuple[float, int]:
         max_context=512,
         grpc_port=0,
         metrics_port=0,
+        http_port=0,
         shutdown_grace_s=grace_s,
     )
     server = Server(config)

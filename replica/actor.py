@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from typing import Any
 
 import ray
@@ -32,6 +33,9 @@ from replica.actor_sessions import SessionsAPI
 from replica.actor_turns import TurnCalls
 from replica.api import (
     ActorError,
+    ChatPrompt,
+    InvalidRequestError,
+    ModelCard,
     PoolSnapshot,
     ReleaseReason,
     ReplicaDescription,
@@ -60,6 +64,7 @@ class ReplicaActor(SessionsAPI, TurnCalls, SessionMovesAPI, CheckpointsAPI):
 
         from replica.engine.engine import Engine
         from replica.generation import GenerationDefaults
+        from replica.generation.chat_prompts import ChatPrompts
         from replica.model import load
         from replica.model.factory import BUILTINS
         from replica.model.source import resolve
@@ -77,6 +82,8 @@ class ReplicaActor(SessionsAPI, TurnCalls, SessionMovesAPI, CheckpointsAPI):
         self.config = dataclasses.replace(config, pools=pools)
         self.tokenizer = tokenizer
         generation = GenerationDefaults.from_checkpoint(source.path)
+        self.chat_prompts = ChatPrompts(source.path, tokenizer)
+        self.loaded_at = int(time.time())
         self.call_faults = failpoints.CallFaults(config.failpoints)
         self.engine = Engine(self.config, net, tokenizer, replica_id, generation=generation)
         self.router = router
@@ -168,6 +175,25 @@ class ReplicaActor(SessionsAPI, TurnCalls, SessionMovesAPI, CheckpointsAPI):
             pools.max_context,
             self.engine.model_config.vocab_size,
         )
+
+    async def model_card(self) -> ModelCard:
+        return ModelCard(
+            self.config.model_name,
+            self.config.pools.max_context,
+            self.chat_prompts.template is not None,
+            self.loaded_at,
+        )
+
+    async def chat_prompt(
+        self, messages: list[dict], prior_ids: list[int] | None = None
+    ) -> ChatPrompt | ActorError:
+        """The prompt tokens of a chat turn (``replica.generation.chat_prompts``), rendered on a
+        worker thread (a long conversation must not hold up the event loop); a conversation
+        the template cannot render is INVALID_ARGUMENT."""
+        try:
+            return await asyncio.to_thread(self.chat_prompts.prompt, messages, prior_ids)
+        except InvalidRequestError as exc:
+            return exc.to_actor_error()
 
     async def snapshot(self, exact: bool = True) -> PoolSnapshot | ActorError:
         """A consistent snapshot: ``exact`` takes it between two steps, else the latest one."""

@@ -464,3 +464,23 @@ class PoolSnapshot:
     @property
     def consistent(self) -> bool:
         return all(stats.leaked == 0 for stats in self.pools)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatPrompt:
+    """The tokens of a chat turn rendered with the model's chat template. ``token_ids`` are what
+    the turn feeds: the whole rendering, or (``reused_tokens`` > 0) only what follows the
+    ``reused_tokens`` tokens of the state it continues, whose text the rendering begins with."""
+
+    token_ids: list[int]
+    reused_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCard:
+    """What a client is told of the served model."""
+
+    name: str
+    max_context: int
+    chat_template: bool  # whether chat endpoints can render its prompts
+    created: int  # seconds since the epoch: when the replica loaded it

@@ -70,7 +70,26 @@ class GatewayConfig:
         "(serve stops in about this plus 10 s whatever the replica count)",
     )
 
+    http_port: int = setting(
+        8000, "port of the OpenAI-compatible HTTP API, same host and TLS (0: any free port)"
+    )
+    served_model_name: str | None = setting(
+        None, "the model's name in the HTTP API (default: what --model names)"
+    )
+    max_stored_responses: int = setting(
+        64,
+        "stored Responses-API responses that keep their conversation state, per replica "
+        "(older ones are continued by replaying their conversation)",
+    )
+    response_ttl_s: float = setting(
+        3600.0, "stored responses are deleted after this long, with their state"
+    )
+
     def __post_init__(self) -> None:
+        if self.max_stored_responses < 0:
+            raise ValueError("--max-stored-responses must be >= 0")
+        if self.response_ttl_s <= 0:
+            raise ValueError("--response-ttl-s must be positive")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("--tls-cert and --tls-key go together")
         if self.tls_client_ca and not self.tls_cert:

@@ -92,7 +92,10 @@ def test_gRPC_and_metrics_listen_on_loopback_by_default(server):
     lines = server.server.listening()
     assert lines[0] == f"gRPC listening on 127.0.0.1:{grpc_port}"
     assert lines[1] == f"metrics on http://127.0.0.1:{metrics_port}/metrics"
-    assert lines[3] == "security: 127.0.0.1 only; TLS with client certificates; API keys on"
+    http_port = server.server.front.http.port
+    assert listeners(http_port) == {"127.0.0.1"}
+    assert lines[2] == f"OpenAI-compatible API on https://127.0.0.1:{http_port}/v1"
+    assert lines[4] == "security: 127.0.0.1 only; TLS with client certificates; API keys on"
 
 
 def test_plaintext_is_refused(server):

@@ -100,7 +100,9 @@ async def local_cluster(
 ) -> AsyncIterator[LocalCluster]:
     """A started ``LocalCluster`` from serve's flags (``replicas=1, max_sessions=512, threads=1``,
     ...; ports and host are set here); stopped, with Ray, on exit."""
-    config = ServeConfig.from_flags(grpc_port=0, metrics_port=0, host="127.0.0.1", **flags)
+    config = ServeConfig.from_flags(
+        grpc_port=0, metrics_port=0, http_port=0, host="127.0.0.1", **flags
+    )
     server = Server(config)
     cluster = LocalCluster(server, profile or GatewayProfile(None))
     t0 = time.perf_counter()

@@ -30,7 +30,7 @@ class GatewayProcess:
         command = [
             *(sys.executable, "-m", "router.ops.cli", "gateway"),
             *("--address", ray.get_runtime_context().gcs_address, "--namespace", namespace),
-            *("--grpc-port", "0", "--metrics-port", "0", *flags),
+            *("--grpc-port", "0", "--metrics-port", "0", "--http-port", "0", *flags),
         ]
         self.proc = subprocess.Popen(
             command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

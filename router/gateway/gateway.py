@@ -24,6 +24,7 @@ from replica.api import (
     ActorError,
     InvalidRequestError,
     ReleaseReason,
+    SamplingParams,
     StatusCode,
 )
 from router.control.table import Route
@@ -177,12 +178,18 @@ class Gateway(Following):
     async def submit(self, route: Route, request: pb.GenerateRequest) -> tuple[Route, int]:
         """Queue a turn where the session is; returns the route it went to and its turn id."""
         text, ids = turn_input(request)
-        if text is not None and len(text.encode("utf-8", "surrogatepass")) > MAX_TEXT_BYTES:
-            raise Refused(StatusCode.INVALID_ARGUMENT, f"text longer than {MAX_TEXT_BYTES} bytes")
         try:
             sampling = sampling_from_proto(request.sampling)
         except InvalidRequestError as exc:
             raise Refused(StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        return await self.submit_turn(route, text, ids, sampling)
+
+    async def submit_turn(
+        self, route: Route, text: str | None, ids: list[int] | None, sampling: SamplingParams
+    ) -> tuple[Route, int]:
+        """``submit`` of a turn already in the replicas' terms (text or token ids)."""
+        if text is not None and len(text.encode("utf-8", "surrogatepass")) > MAX_TEXT_BYTES:
+            raise Refused(StatusCode.INVALID_ARGUMENT, f"text longer than {MAX_TEXT_BYTES} bytes")
         return await self.on_session(
             route,
             "submit_turns",

@@ -39,6 +39,7 @@ DEMO_DEFAULTS = ServeConfig.from_flags(
     strict=True,
     grpc_port=0,
     metrics_port=0,
+    http_port=0,
     host="127.0.0.1",
 )
 
@@ -93,7 +94,9 @@ async def run_demo(args: argparse.Namespace) -> int:
     await server.start()
     if args.gateways < 1:
         raise ValueError("--gateways must be at least 1")
-    more = dataclasses.replace(config.gateway, grpc_port=0, metrics_port=0)  # any free ports
+    more = dataclasses.replace(
+        config.gateway, grpc_port=0, metrics_port=0, http_port=0
+    )  # any free ports
     extra = [GatewayServer(more, cluster_metrics=False) for _ in range(args.gateways - 1)]
     for gateway in extra:
         await gateway.start(server.router)

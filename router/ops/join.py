@@ -18,6 +18,7 @@ from typing import Any
 import ray
 
 from router.config import JoinConfig
+from router.control.response_store import find_store
 from router.control.router import ROUTER_NAME
 from router.ops import ray_join
 from router.ops.gateway_server import GatewayServer
@@ -68,7 +69,8 @@ class JoinedGateway:
             )
             self._joined = True
         router = await find_router(cfg.namespace, cfg.router_wait_s)
-        await self.front.start(router)
+        responses = await find_store(cfg.namespace, wait_s=2.0)
+        await self.front.start(router, responses)
 
     def listening(self) -> list[str]:
         cfg = self.config

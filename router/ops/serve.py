@@ -28,6 +28,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from replica import failpoints
 from router.config import ServeConfig
+from router.control.response_store import RESPONSES_NAME, ResponseStore
 from router.control.router import ROUTER_NAME, SessionRouter
 from router.gateway.gateway import Gateway
 from router.gateway.router_client import RouterClient
@@ -75,6 +76,7 @@ class Server:
         self.front = GatewayServer(config.gateway, cluster_metrics=True)
         self._started_ray = False
         self.router = None
+        self.responses = None  # the cluster's stored responses (the HTTP Responses API)
         self.replicas: dict[str, object] = {}
         self.stores: dict[str, object] = {}  # each replica's checkpoint store
         self.starting: set[str] = set()
@@ -148,8 +150,21 @@ class Server:
             )
             .remote(cfg.router)
         )
+        self.responses = (
+            ray.remote(ResponseStore)
+            .options(
+                name=RESPONSES_NAME,
+                namespace=cfg.namespace,
+                num_cpus=0,
+                get_if_exists=True,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(
+                    ray.get_runtime_context().get_node_id(), soft=True
+                ),
+            )
+            .remote(cfg.gateway.max_stored_responses, cfg.gateway.response_ttl_s)
+        )
         await self.start_replicas(cfg.replicas)
-        await self.front.start(self.router)
+        await self.front.start(self.router, self.responses, cfg.replica.model_name)
         self.supervisor = ReplicaSupervisor(
             self.replicas,
             self.starting,
@@ -251,7 +266,8 @@ class Server:
             await self.supervisor.stop()
         await self.front.stop()
         released = await stop_replicas(list(self.replicas.values()))
-        for handle in [*self.replicas.values(), *self.stores.values(), self.router]:
+        for handle in [*self.replicas.values(), *self.stores.values(), self.router,
+                       self.responses]:  # fmt: skip
             if handle is not None:
                 try:
                     ray.kill(handle, no_restart=True)

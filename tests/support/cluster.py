@@ -33,6 +33,7 @@ SMALL = dict(
     page_size=16,
     grpc_port=0,
     metrics_port=0,
+    http_port=0,
     strict=True,
 )
 _servers = itertools.count()

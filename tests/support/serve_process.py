@@ -83,7 +83,7 @@ def spawn(log: Path, args: list[str], env: dict[str, str] | None = None) -> subp
     """``session-router serve ARGS`` on ports 0 of 127.0.0.1, its output in ``log``, in a user's
     environment (``user_env``) with ``env`` over it."""
     cmd = [sys.executable, "-m", "router.ops.cli", "serve", *args]
-    cmd += ["--grpc-port", "0", "--metrics-port", "0", "--host", "127.0.0.1"]
+    cmd += ["--grpc-port", "0", "--metrics-port", "0", "--http-port", "0", "--host", "127.0.0.1"]
     with log.open("wb") as out:
         return subprocess.Popen(
             cmd,

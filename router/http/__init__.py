@@ -1,0 +1,1 @@
+"""The OpenAI-compatible front door: HTTP beside each gateway's gRPC server (docs/openai.md)."""

@@ -1,0 +1,152 @@
+"""``Turns``: what the HTTP endpoints do with sessions, in the gateway's own steps: render a
+chat prompt on a replica, open or fork a session, stream one turn, close.
+
+Each endpoint owns the sessions it opens: it closes them when it is done (a stateless request)
+or hands them to the response store (a stored response keeps its state). A turn whose client
+goes away before its end is cancelled on the replica, which rolls the session back.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from protos import session_router_pb2 as pb
+from replica.api import (
+    ActorError,
+    ChatPrompt,
+    FinishReason,
+    ModelCard,
+    SamplingParams,
+    StatusCode,
+)
+from router.control.table import Route
+from router.gateway.convert import Refused
+from router.gateway.gateway import Gateway
+from router.gateway.generate import GenerateCall
+from router.http.errors import ApiError
+
+FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
+
+
+@dataclass(slots=True)
+class TurnOutput:
+    """What a turn produced so far; ``finish`` is set at its end ("stop" or "length")."""
+
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish: str | None = None
+    committed_tokens: int = 0
+
+
+class Turns:
+    def __init__(self, gateway: Gateway, open_wait_s: float) -> None:
+        self.gw = gateway
+        self.open_wait_s = open_wait_s
+        self._card: ModelCard | None = None
+
+    def _any_replica(self):
+        handles = list(self.gw.cluster.handles.values())
+        if not handles:
+            raise ApiError(503, "no replica is up yet; retry shortly", code="no_replica")
+        return random.choice(handles)
+
+    async def model_card(self) -> ModelCard:
+        """The served model, asked of a replica once (every replica serves the same one)."""
+        if self._card is None:
+            self._card = await self._any_replica().model_card.remote()
+        return self._card
+
+    async def chat_prompt(
+        self, messages: list[dict[str, str]], prior_ids: list[int] | None = None
+    ) -> ChatPrompt:
+        return checked(await self._any_replica().chat_prompt.remote(messages, prior_ids))
+
+    async def open(self, tenant: str, idle_timeout_s: float = 0.0) -> Route:
+        try:
+            return await self.gw.open(
+                pb.OpenSessionRequest(idle_timeout_s=idle_timeout_s), tenant, self.open_wait_s
+            )
+        except Refused as exc:
+            raise ApiError.of(exc.code, str(exc)) from None
+
+    async def fork(self, session_id: str, tenant: str) -> Route | None:
+        """A fork of ``session_id``; None when that session is gone (released, lost)."""
+        try:
+            return await self.gw.fork(session_id, tenant, self.open_wait_s)
+        except Refused as exc:
+            if exc.code in (StatusCode.NOT_FOUND, StatusCode.ABORTED):
+                return None
+            raise ApiError.of(exc.code, str(exc)) from None
+
+    async def close(self, session_id: str, tenant: str) -> None:
+        try:
+            await self.gw.close(session_id, tenant)
+        except Refused:
+            pass  # gone already: nothing is held
+
+    def release(self, session_id: str, tenant: str) -> None:
+        """Close the session in the background: it runs to its end even when the request that
+        calls this is being cancelled (its client went away)."""
+        self.gw.background.spawn(self.close(session_id, tenant))
+
+    async def start(
+        self,
+        route: Route,
+        sampling: SamplingParams,
+        token_ids: list[int] | None = None,
+        text: str | None = None,
+    ) -> TurnStream:
+        """Submit one turn on ``route``'s session; raises ``ApiError`` when it is refused (bad
+        input, context overflow), before anything is streamed."""
+        call = GenerateCall(self.gw, turn=(text, token_ids, sampling))
+        try:
+            await call.start(route)
+        except Refused as exc:
+            call.end(exc.code)
+            raise ApiError.of(exc.code, str(exc)) from None
+        return TurnStream(call)
+
+
+class TurnStream:
+    """A submitted turn; ``outputs`` must be iterated (or ``cancel`` called) to release it."""
+
+    def __init__(self, call: GenerateCall) -> None:
+        self.call = call
+        self.out = TurnOutput()
+        self.ended = False
+
+    async def outputs(self) -> AsyncIterator[TurnOutput]:
+        """The output so far after each chunk (the last one has ``finish``); raises
+        ``ApiError`` when the turn fails. A stream left before its end cancels the turn."""
+        out, code = self.out, StatusCode.CANCELLED
+        try:
+            async for chunk in self.call.chunks():
+                out.token_ids += chunk.token_ids
+                out.text += chunk.text
+                if chunk.finish_reason:
+                    out.finish = FINISH.get(FinishReason(chunk.finish_reason), "stop")
+                    out.committed_tokens = chunk.committed_tokens
+                    code = StatusCode.OK
+                yield out
+        except Refused as exc:
+            code = exc.code
+            raise ApiError.of(exc.code, str(exc)) from None
+        finally:
+            self.end(code)
+
+    def cancel(self) -> None:
+        self.end(StatusCode.CANCELLED)
+
+    def end(self, code: StatusCode) -> None:
+        """Release the turn's inbox; cancel the turn unless it ended (idempotent)."""
+        if not self.ended:
+            self.ended = True
+            self.call.end(code)
+
+
+def checked(result):
+    if isinstance(result, ActorError):
+        raise ApiError.of(result.code, result.message)
+    return result
