@@ -10,9 +10,10 @@ from __future__ import annotations
 import httpx2 as httpx
 import openai
 import pytest
+import ray
 
 from tests.support.chat_peer import greedy, prompt_ids, save_chat_peer
-from tests.support.cluster import ServerThread
+from tests.support.cluster import ServerThread, wait_for
 
 KEY_A, KEY_B = "key-acme", "key-globex"
 NEW = 8
@@ -259,22 +260,61 @@ def test_errors_in_the_apis_shape(served, client, model):
     assert httpx.post(f"{url}/responses", json=[1], headers=auth).status_code == 400
 
 
+def test_a_client_that_leaves_mid_stream_stores_nothing(served, client, model):
+    """The turn is cancelled, its session released, no response stored."""
+    store = served.server.responses
+    before = ray.get(store.ids.remote("acme"))
+    url = served.server.front.http_url
+    body = {"model": model, "input": "hello", "max_output_tokens": 300, "ignore_eos": True,
+            "stream": True}  # fmt: skip
+    headers = {"Authorization": f"Bearer {KEY_A}"}
+    with httpx.stream("POST", f"{url}/responses", json=body, headers=headers) as response:
+        lines = response.iter_lines()
+        deltas = 0
+        for line in lines:
+            deltas += "output_text.delta" in line
+            if deltas == 3:
+                break  # leave: the connection closes with the block
+    assert ray.get(store.ids.remote("acme")) == before
+
+    def settled():
+        stats = ray.get(store.stats.remote())
+        held = sum(n for replica, n in stats.items() if replica)
+        snaps = served.snapshots()
+        running = sum(s.running_requests + s.waiting_requests for s in snaps.values())
+        return running == 0 and sum(s.open_sessions for s in snaps.values()) == held
+
+    wait_for(settled, 30, 0.2, "the abandoned turn's session to be released")
+    served.assert_no_leaks()
+
+
+def test_metrics_count_requests_and_reused_tokens(served, client, model):
+    text = httpx.get(served.server.metrics_url).text
+    assert 'session_router_http_requests_total{route="responses",status="200"}' in text
+    assert 'session_router_http_requests_total{route="chat_completions",status="400"}' in text
+    series = 'session_router_http_cached_prompt_tokens_total{route="responses"}'
+    reused = [line for line in text.splitlines() if line.startswith(series)]
+    assert reused and float(reused[0].split()[-1]) > 0
+
+    def stored_gauge() -> bool:
+        return (
+            'session_router_stored_responses{replica="replica-0"}'
+            in httpx.get(served.server.metrics_url).text
+        )
+
+    wait_for(stored_gauge, 30, 0.5, "the stored-responses gauge")
+
+
 def test_after_everything_every_pool_is_back(served, client, model):
     """Delete every stored response: the sessions they held are released, the pools are at
     capacity with nothing leaked."""
     store = served.server.responses
-    import ray
-
-    records = ray.get(store.stats.remote())
-    assert records[""] > 0
-    # delete through the API what this module stored (the store lists nothing per tenant, so
-    # read the ids from the actor's records directly)
-    ids = ray.get(store.__ray_call__.remote(lambda self: list(self.records.records)))
-    for response_id in ids:
-        tenant = ray.get(store.__ray_call__.remote(
-            lambda self, r=response_id: self.records.records[r].tenant))  # fmt: skip
-        key = KEY_A if tenant == "acme" else KEY_B
+    for key, tenant in ((KEY_A, "acme"), (KEY_B, "globex")):
         owner = openai.OpenAI(base_url=served.server.front.http_url, api_key=key, max_retries=0)
-        owner.responses.delete(response_id)
+        ids = ray.get(store.ids.remote(tenant))
+        assert tenant == "globex" or ids
+        for response_id in ids:
+            owner.responses.delete(response_id)
+        assert ray.get(store.ids.remote(tenant)) == []
     served.wait_at_capacity(timeout=30)
     served.assert_no_leaks(at_capacity=True)

@@ -94,6 +94,10 @@ class ResponseRecords:
             release += self._drop_state(oldest)
         return release
 
+    def ids(self, tenant: str) -> list[str]:
+        """``tenant``'s stored responses, oldest first."""
+        return [r.response_id for r in self.records.values() if r.tenant == tenant]
+
     def stats(self) -> dict[str, int]:
         """Stored states by replica, and ``""``: every record."""
         out = {replica: len(ids) for replica, ids in self.states.items() if ids}

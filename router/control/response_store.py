@@ -34,6 +34,9 @@ class ResponseStore:
     def sweep(self) -> Release:
         return self.records.sweep()
 
+    def ids(self, tenant: str) -> list[str]:
+        return self.records.ids(tenant)
+
     def stats(self) -> dict[str, int]:
         return self.records.stats()
 
@@ -58,6 +61,9 @@ class ResponseStoreClient:
 
     async def sweep(self) -> Release:
         return await self.handle.sweep.remote()
+
+    async def ids(self, tenant: str) -> list[str]:
+        return await self.handle.ids.remote(tenant)
 
     async def stats(self) -> dict[str, int]:
         return await self.handle.stats.remote()

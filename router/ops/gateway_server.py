@@ -25,6 +25,7 @@ from router.gateway.tls import server_credentials
 from router.http.app import build_app
 from router.http.front_door import FrontDoor
 from router.http.metrics import HttpMetrics
+from router.http.response_sweeper import ResponseSweeper
 from router.http.server import HttpServer
 
 OPEN_WAIT_S = 10.0  # how long an HTTP request waits for a replica with room
@@ -48,6 +49,7 @@ class GatewayServer:
         self.metrics: MetricsServer | None = None
         self.http: HttpServer | None = None
         self.front_door: FrontDoor | None = None
+        self.sweeper: ResponseSweeper | None = None
 
     @property
     def all_interfaces(self) -> bool:
@@ -88,6 +90,10 @@ class GatewayServer:
             cfg.response_ttl_s,
         )
         await self.front_door.start()
+        if store is not None:
+            registry = self.registry if self.cluster_metrics else None
+            self.sweeper = ResponseSweeper(store, self.front_door.turns, registry)
+            self.sweeper.start()
         tls = (cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca) if cfg.tls else None
         host = "0.0.0.0" if self.all_interfaces else cfg.host
         self.http = HttpServer(build_app(self.front_door), host, cfg.http_port, tls)
@@ -123,6 +129,8 @@ class GatewayServer:
     async def stop(self) -> None:
         """Stop taking calls, end the gateway's streams and background work, close /metrics.
         The cluster's actors are not this gateway's: they keep running."""
+        if self.sweeper is not None:
+            self.sweeper.stop()
         if self.http is not None:
             await self.http.stop()
         if self.grpc is not None:
