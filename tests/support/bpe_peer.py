@@ -23,9 +23,10 @@ CORPUS = [
 ] * 20
 
 
-def save_bpe_peer(path: Path, seed: int):
-    """Save the checkpoint in ``path``; returns the transformers model."""
-    hf = tiny_hf_bamba(seed=seed)
+def save_bpe_peer(path: Path, seed: int, model=None):
+    """Save the checkpoint in ``path`` (``model``: a transformers model of ``VOCAB`` tokens
+    instead of ``tiny_hf_bamba``'s); returns the transformers model."""
+    hf = model if model is not None else tiny_hf_bamba(seed=seed)
     hf.save_pretrained(str(path))
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -22,9 +22,10 @@ TEMPLATE = (
 PROBES = ["hello there"]
 
 
-def save_chat_peer(path: Path, seed: int):
-    """Save the checkpoint in ``path``; returns (the transformers model, its tokenizer)."""
-    hf = save_bpe_peer(path, seed)
+def save_chat_peer(path: Path, seed: int, model=None):
+    """Save the checkpoint in ``path`` (``model``: as ``save_bpe_peer`` takes it); returns
+    (the transformers model, its tokenizer)."""
+    hf = save_bpe_peer(path, seed, model)
     config = json.loads((path / "tokenizer_config.json").read_text())
     config |= {"chat_template": TEMPLATE, "bos_token": "<s>", "eos_token": "</s>"}
     (path / "tokenizer_config.json").write_text(json.dumps(config))
