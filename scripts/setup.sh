@@ -36,4 +36,14 @@ if [ -n "$extras" ]; then
       checkov 2> >(grep -v "Location 'file:.*' is ignored" >&2)
     touch "$ckv_stamp"
   fi
+  # the OpenAI Agents SDK (a client the front door is tested with) pins websockets below the
+  # version Ray's extras need: it too gets a venv of its own, pinned by constraints-agents.txt.
+  agents_stamp=".venv/agents/.installed"
+  if [ ! -f "$agents_stamp" ] || [ constraints-agents.txt -nt "$agents_stamp" ]; then
+    echo "[setup] installing the OpenAI Agents SDK into .venv/agents (constraints-agents.txt)"
+    python3 -m venv .venv/agents
+    .venv/agents/bin/pip install --quiet --disable-pip-version-check -c constraints-agents.txt \
+      openai-agents 2> >(grep -v "Location 'file:.*' is ignored" >&2)
+    touch "$agents_stamp"
+  fi
 fi

@@ -7,6 +7,9 @@ same token sequence, and the pools back at capacity with nothing leaked at the e
 
 from __future__ import annotations
 
+import json
+import subprocess
+
 import httpx2 as httpx
 import openai
 import pytest
@@ -14,6 +17,7 @@ import ray
 
 from tests.support.chat_peer import greedy, prompt_ids, save_chat_peer
 from tests.support.cluster import ServerThread, wait_for
+from tests.support.serve_process import REPO, user_env
 
 KEY_A, KEY_B = "key-acme", "key-globex"
 NEW = 8
@@ -303,6 +307,27 @@ def test_metrics_count_requests_and_reused_tokens(served, client, model):
         )
 
     wait_for(stored_gauge, 30, 0.5, "the stored-responses gauge")
+
+
+def test_the_openai_agents_sdk_runs_two_turns_unchanged(served, client, model, peer):
+    """The Agents SDK (in its own environment, .venv/agents) holds a two-turn exchange; the
+    second turn continues the first's state (previous_response_id)."""
+    agents_python = REPO / ".venv" / "agents" / "bin" / "python"
+    script = REPO / "tests" / "support" / "agents_exchange.py"
+    result = subprocess.run(
+        [str(agents_python), str(script), served.server.front.http_url, model, KEY_A],
+        capture_output=True, text=True, timeout=120, env=user_env(), cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    exchange = json.loads(result.stdout.strip().splitlines()[-1])
+    messages = [{"role": "system", "content": "be brief"},
+                {"role": "user", "content": "hello there"}]  # fmt: skip
+    _, expected = reference(peer, prompt_ids(peer[2], messages))
+    assert exchange["replies"][0] == expected
+    first, second = (client.responses.retrieve(i) for i in exchange["ids"])
+    assert first.output_text == expected and second.output_text == exchange["replies"][1]
+    assert second.previous_response_id == first.id
+    assert second.usage.input_tokens_details.cached_tokens == first.usage.total_tokens
 
 
 def test_after_everything_every_pool_is_back(served, client, model):
