@@ -330,6 +330,35 @@ def test_the_openai_agents_sdk_runs_two_turns_unchanged(served, client, model, p
     assert second.usage.input_tokens_details.cached_tokens == first.usage.total_tokens
 
 
+def test_a_response_outlives_the_gateway_that_made_it(served, client, model, peer):
+    """A response made through a second gateway is continued through the first after the
+    second has stopped: the state and the record belong to the cluster."""
+    import dataclasses
+
+    from router.ops.gateway_server import GatewayServer
+
+    config = dataclasses.replace(served.config.gateway, grpc_port=0, metrics_port=0, http_port=0)
+    other = GatewayServer(config, cluster_metrics=False)
+    served.call(other.start(served.server.router, served.server.responses))
+    try:
+        theirs = openai.OpenAI(base_url=other.http_url, api_key=KEY_A, max_retries=0)
+        made = theirs.responses.create(model=model, input="hello there", max_output_tokens=NEW)
+    finally:
+        served.call(other.stop())
+    tok = peer[2]
+    ids = prompt_ids(tok, [{"role": "user", "content": "hello there"}])
+    out, text = reference(peer, ids)
+    assert made.output_text == text
+    messages = [{"role": "user", "content": "hello there"}, {"role": "assistant", "content": text},
+                {"role": "user", "content": "merci"}]  # fmt: skip
+    _, expected = reference(peer, ids + out + continued(peer, ids + out, messages))
+    later = client.responses.create(
+        model=model, input="merci", previous_response_id=made.id, max_output_tokens=NEW
+    )
+    assert later.output_text == expected
+    assert later.usage.input_tokens_details.cached_tokens == len(ids + out)
+
+
 def test_after_everything_every_pool_is_back(served, client, model):
     """Delete every stored response: the sessions they held are released, the pools are at
     capacity with nothing leaked."""
