@@ -34,6 +34,7 @@ async def start_store(replica_id: str, replica: Any, node_id: str, namespace: st
         .options(
             name=f"{replica_id}-checkpoints",
             namespace=namespace,
+            lifetime="detached",  # outlives the serve that started it, as the replica does
             num_cpus=0,
             max_concurrency=1000,
             scheduling_strategy=strategy,

@@ -19,7 +19,7 @@ from typing import Protocol
 
 from router.config import JoinConfig, ServeConfig
 from router.flags import add_arguments, from_arguments
-from router.ops import demo, drain, ray_join, replica_tools, top
+from router.ops import demo, drain, ray_join, replica_tools, stop, top
 from router.ops.ray_join import JoinError
 
 
@@ -100,6 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     replica_tools.add_arguments(
         sub.add_parser("restart", help="replace a replica with a new, empty one"), restart=True
     )
+    stop.add_arguments(
+        sub.add_parser("stop", help="stop the deployment in a namespace: sessions released")
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     ray_join.prepare(ray_address(args))
@@ -118,6 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return replica_tools.run_sessions(args)
         if args.command == "restart":
             return replica_tools.run_restart(args)
+        if args.command == "stop":
+            return stop.run_stop(args)
         return top.run_top(args.metrics_url, args.interval, 1 if args.once else None)
     except JoinError as exc:
         print(f"session-router: {exc}", file=sys.stderr)

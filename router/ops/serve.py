@@ -77,6 +77,7 @@ class Server:
         self._started_ray = False
         self.router = None
         self.responses = None  # the cluster's stored responses (the HTTP Responses API)
+        self.attached = False  # found a deployment in the namespace instead of making one
         self.replicas: dict[str, object] = {}
         self.stores: dict[str, object] = {}  # each replica's checkpoint store
         self.starting: set[str] = set()
@@ -133,37 +134,7 @@ class Server:
                 logging_level=logging.WARNING,
             )
             self._started_ray = True
-        self.router = (
-            ray.remote(SessionRouter)
-            .options(
-                name=ROUTER_NAME,
-                namespace=cfg.namespace,
-                num_cpus=0,
-                max_restarts=-1,
-                max_concurrency=10_000,
-                get_if_exists=True,
-                # beside serve, not on a node that only hosts a gateway (it offers no CPU, and a
-                # zero-CPU actor could land there and die with that gateway)
-                scheduling_strategy=NodeAffinitySchedulingStrategy(
-                    ray.get_runtime_context().get_node_id(), soft=True
-                ),
-            )
-            .remote(cfg.router)
-        )
-        self.responses = (
-            ray.remote(ResponseStore)
-            .options(
-                name=RESPONSES_NAME,
-                namespace=cfg.namespace,
-                num_cpus=0,
-                get_if_exists=True,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(
-                    ray.get_runtime_context().get_node_id(), soft=True
-                ),
-            )
-            .remote(cfg.gateway.max_stored_responses, cfg.gateway.response_ttl_s)
-        )
-        await self.start_replicas(cfg.replicas)
+        await self.attach_or_deploy()
         await self.front.start(self.router, self.responses, cfg.replica.model_name)
         self.supervisor = ReplicaSupervisor(
             self.replicas,
@@ -186,6 +157,95 @@ class Server:
                 scaling_metrics,
             )
             self.autoscaler.start()
+
+    async def attach_or_deploy(self) -> None:
+        """Attach to the deployment in ``--namespace`` when there is one (a ``serve`` that
+        crashed left it running: every session continues), else deploy one: the router, the
+        response store and ``--replicas`` replicas, all detached, so that no process's death but
+        their own ends them. Raises ``ValueError`` when the deployment found serves another
+        model or other pool sizes (saying what differs and how to stop it)."""
+        cfg = self.config
+        try:
+            self.router = await asyncio.to_thread(ray.get_actor, ROUTER_NAME, cfg.namespace)
+        except ValueError:
+            self.router = None
+        if self.router is not None:
+            await self._attach()
+        else:
+            self.router = self._detached(SessionRouter, ROUTER_NAME, max_restarts=-1,
+                                         max_concurrency=10_000).remote(cfg.router)  # fmt: skip
+        self.responses = self._detached(ResponseStore, RESPONSES_NAME).remote(
+            cfg.gateway.max_stored_responses, cfg.gateway.response_ttl_s
+        )
+        missing = cfg.replicas - len(self.replicas)
+        if missing > 0:
+            await self.start_replicas(missing)
+
+    def _detached(self, cls, name: str, **options):
+        """``cls`` as a detached named actor of the namespace (the one there if it exists),
+        beside serve: not on a node that only hosts a gateway (it offers no CPU, and a zero-CPU
+        actor could land there and die with that gateway)."""
+        return ray.remote(cls).options(
+            name=name,
+            namespace=self.config.namespace,
+            lifetime="detached",
+            get_if_exists=True,
+            num_cpus=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(
+                ray.get_runtime_context().get_node_id(), soft=True
+            ),
+            **options,
+        )
+
+    async def _attach(self) -> None:
+        await self.adopt(self.router)
+        for replica_id, handle in self.replicas.items():
+            await self._check_same(replica_id, handle)
+        log.warning(
+            "attached to the deployment in namespace %s: %d replica(s) with their sessions",
+            self.config.namespace,
+            len(self.replicas),
+        )
+
+    async def adopt(self, router) -> None:
+        """Take over the deployment of ``router``: its replicas, their checkpoint stores and
+        the response store, as if this process had started them (supervision, stop)."""
+        namespace = self.config.namespace
+
+        async def named(name: str):
+            try:
+                return await asyncio.to_thread(ray.get_actor, name, namespace)
+            except ValueError:
+                return None
+
+        self.router = router
+        self.replicas = dict(await router.replica_handles.remote())
+        for replica_id in self.replicas:
+            store = await named(f"{replica_id}-checkpoints")
+            if store is not None:  # None: checkpoints off, or its store is gone
+                self.stores[replica_id] = store
+        self.responses = await named(RESPONSES_NAME)
+        numbers = [int(r.rsplit("-", 1)[1]) for r in self.replicas if r.rsplit("-", 1)[1].isdigit()]
+        self._replica_ids = itertools.count(max(numbers, default=-1) + 1)
+        self.attached = True
+
+    async def _check_same(self, replica_id: str, handle) -> None:
+        """Raises ``ValueError`` when the replica serves another model or other pool sizes
+        than this serve's flags ask for."""
+        cfg, pools = self.config, self.config.replica.pools
+        card = await handle.model_card.remote()
+        desc = await handle.describe.remote()
+        theirs = (card.name, desc.max_context, desc.mamba_slots_per_session,
+                  desc.kv_tokens_per_session)  # fmt: skip
+        ours = (cfg.replica.model_name, pools.max_context, pools.mamba_slots_per_seq,
+                pools.kv_tokens_per_session)  # fmt: skip
+        if theirs != ours:
+            raise ValueError(
+                f"namespace {cfg.namespace!r} already runs a deployment whose {replica_id} "
+                f"serves {theirs[0]} (context, mamba slots and KV tokens per session: "
+                f"{theirs[1:]}); this serve asks for {ours[0]} ({ours[1:]}): start it with "
+                "the same settings, or stop that deployment first (session-router stop)"
+            )
 
     def replica_threads(self) -> int:
         """Torch threads per replica: the setting, else CPU replicas share the cores (one is
@@ -215,6 +275,7 @@ class Server:
                     .options(
                         name=replica_id,
                         namespace=cfg.namespace,
+                        lifetime="detached",
                         num_gpus=ask["GPU"],
                         num_cpus=ask["CPU"],
                         max_concurrency=10_000,

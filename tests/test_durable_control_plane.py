@@ -1,0 +1,165 @@
+"""The deployment belongs to the cluster, not to the ``serve`` that made it: on a ``ray start
+--head`` cluster, a ``serve`` killed with SIGKILL leaves its router, replicas and stores running
+(detached actors); the next ``serve --address`` attaches to them and every session continues
+exactly where it was (transformers' greedy tokens on the same sequence). A serve that asks for
+another model is refused, saying what differs. A clean SIGTERM, and ``session-router stop`` after
+a crash, leave no actor in the namespace. Run as a user runs them: console scripts in
+subprocesses with a fresh shell's environment."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from router.client import SessionClient
+from router.control.response_store import RESPONSES_NAME
+from router.control.router import ROUTER_NAME
+from tests.support.bpe_peer import hf_generate, save_bpe_peer
+from tests.support.cluster import drain_stream
+from tests.support.serve_process import (
+    REPO,
+    ServeProcess,
+    kill_session,
+    spawn,
+    tail,
+    user_env,
+    wait_ready,
+)
+
+BIN = Path(sys.executable).parent
+NAMESPACE = "durable-test"
+NAMES = [ROUTER_NAME, "replica-0", "replica-0-checkpoints", RESPONSES_NAME]
+CHECK = """
+import json, sys
+from router.ops import ray_join
+ray_join.prepare(sys.argv[1])  # before Ray is imported, as every command does
+import ray
+ray_join.connect(sys.argv[1], sys.argv[2], logging_level="ERROR", log_to_driver=False)
+alive = []
+for name in sys.argv[3:]:
+    try:
+        ray.get_actor(name)
+        alive.append(name)
+    except ValueError:
+        pass
+print(json.dumps(alive))
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def head(tmp_path_factory):
+    """A ``ray start --head`` cluster on loopback (no token: the operator's choice here)."""
+    home = tmp_path_factory.mktemp("operator")
+    port, log = free_port(), home / "ray-start.log"
+    env = user_env(HOME=str(home), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(BIN / "ray"), "start", "--head", "--block", f"--port={port}",
+             "--node-ip-address=127.0.0.1", "--num-cpus=2", "--include-dashboard=false",
+             "--disable-usage-stats"],
+            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+
+    def up() -> bool:
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0 and "Ray runtime started" in tail(log)
+
+    wait_ready(proc, log, up, 120, "ray start --head")
+    yield home, f"127.0.0.1:{port}"
+    kill_session(proc.pid)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("peer")
+    hf = save_bpe_peer(path, seed=4)
+    return str(path), hf
+
+
+def serve_args(address: str, model: str) -> list[str]:
+    return ["--address", address, "--namespace", NAMESPACE, "--model", model,
+            "--replicas", "1", "--max-sessions", "4", "--kv-tokens", "1024",
+            "--max-context", "256"]  # fmt: skip
+
+
+def alive(head, names=NAMES) -> list[str]:
+    home, address = head
+    result = subprocess.run(
+        [sys.executable, "-c", CHECK, address, NAMESPACE, *names],
+        capture_output=True, text=True, timeout=120, env=user_env(HOME=str(home)), cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def turn(address: str, session_id: str | None, tokens: list[int]) -> tuple[str, list[int]]:
+    with SessionClient(address) as client:
+        session_id = session_id or client.open(timeout=60).id
+        ids, _, _ = drain_stream(client.generate(session_id, tokens=tokens, max_new_tokens=4,
+                                                 timeout=60))[:3]  # fmt: skip
+        return session_id, list(ids)
+
+
+def test_a_crashed_serve_leaves_the_sessions_to_the_next(head, checkpoint, tmp_path):
+    home, address = head
+    model, hf = checkpoint
+    first = ServeProcess.start(tmp_path / "serve-1.log", serve_args(address, model),
+                               env={"HOME": str(home)})  # fmt: skip
+    sessions = {}
+    for prompt in ([5, 6, 7], [9, 10, 11, 12]):
+        session_id, out = turn(first.grpc_address, None, prompt)
+        assert out == hf_generate(hf, prompt, 4)
+        sessions[session_id] = prompt + out
+    first.proc.send_signal(signal.SIGKILL)
+    first.proc.wait(30)
+    assert set(alive(head)) == set(NAMES), "the crash took actors with it"
+
+    # another model on the same namespace is refused, saying what differs
+    refused = spawn(tmp_path / "serve-other.log", serve_args(address, "tiny-bamba"),
+                    env={"HOME": str(home)})  # fmt: skip
+    assert refused.wait(180) != 0
+    assert "already runs a deployment" in tail(tmp_path / "serve-other.log")
+
+    second = ServeProcess.start(tmp_path / "serve-2.log", serve_args(address, model),
+                                env={"HOME": str(home)})  # fmt: skip
+    assert "attached to the deployment" in tail(second.log)
+    for session_id, history in sessions.items():
+        _, out = turn(second.grpc_address, session_id, [13, 14])
+        assert out == hf_generate(hf, history + [13, 14], 4)
+    assert second.stop(signal.SIGTERM, timeout=60) == 0
+    assert alive(head) == []
+
+
+def test_stop_ends_a_deployment_whose_serve_crashed(head, checkpoint, tmp_path):
+    home, address = head
+    model, _ = checkpoint
+    serve = ServeProcess.start(tmp_path / "serve.log", serve_args(address, model),
+                               env={"HOME": str(home)})  # fmt: skip
+    turn(serve.grpc_address, None, [5, 6, 7])
+    serve.proc.send_signal(signal.SIGKILL)
+    serve.proc.wait(30)
+    result = subprocess.run(
+        [str(BIN / "session-router"), "stop", "--address", address, "--namespace", NAMESPACE],
+        capture_output=True, text=True, timeout=180, env=user_env(HOME=str(home)), cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "1 session(s) released" in result.stdout
+    assert alive(head) == []
+    again = subprocess.run(
+        [str(BIN / "session-router"), "stop", "--address", address, "--namespace", NAMESPACE],
+        capture_output=True, text=True, timeout=180, env=user_env(HOME=str(home)), cwd=REPO,
+    )  # fmt: skip
+    assert again.returncode == 2 and "no deployment" in again.stderr
