@@ -168,7 +168,7 @@ def test_network_policy_keeps_rays_ports_to_the_cluster(base, cluster):
         if not in_cluster:
             assert rule.get("ports"), f"a rule opens every port beyond the cluster: {rule}"
             open_ports |= {p["port"] for p in rule["ports"]}
-    assert open_ports == {50051, 9400, 8080}, open_ports
+    assert open_ports == {50051, 8000, 9400, 8080}, open_ports
     assert not open_ports & {6379, 8265, 10001}, "Ray's ports are open beyond the cluster"
 
 

@@ -86,6 +86,7 @@ def test_head_runs_serve_with_named_ports(raycluster, head_container):
     script = " ".join(head_container.get("command", []) + head_container.get("args", []))
     assert "session-router serve --address auto" in script
     assert "--grpc-port 50051" in script and "--metrics-port 9400" in script
+    assert "--http-port 8000" in script
     # KubeRay runs a user command before `ray start` unless told to leave the command alone.
     annotations = raycluster["metadata"].get("annotations", {})
     assert annotations.get("ray.io/overwrite-container-cmd") == "true"
@@ -166,7 +167,7 @@ def test_service_and_podmonitor_target_every_gateway(raycluster, head_container)
     assert service["apiVersion"] == "v1" and service["kind"] == "Service"
     assert service["spec"]["selector"] == selector
     targets = {p["name"]: p["targetPort"] for p in service["spec"]["ports"]}
-    assert targets == {"grpc": "grpc", "sr-metrics": "sr-metrics"}
+    assert targets == {"grpc": "grpc", "http": "http", "sr-metrics": "sr-metrics"}
     assert set(targets.values()) <= port_names
 
     monitor = load("operator/podmonitor.yaml")
