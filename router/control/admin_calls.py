@@ -49,5 +49,5 @@ class AdminCalls:
         """``route`` with the session's facts, read from its replica."""
         if isinstance(route, ActorError):
             return route
-        info = await route.handle.get_session.remote(route.session_id)
+        info = await route.replica.get_session(session_id=route.session_id)
         return info if isinstance(info, ActorError) else dataclasses.replace(route, info=info)

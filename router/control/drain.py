@@ -81,7 +81,7 @@ class Drainer:
         """Move every session off the replica until it holds none or ``deadline`` passes."""
         migrated = 0
         while entry.health == ReplicaHealth.DRAINING:
-            held = await entry.handle.list_sessions.remote()
+            held = await entry.replica.list_sessions()
             left_s = deadline - time.monotonic()
             if isinstance(held, ActorError) or not held or left_s <= 0:
                 break
@@ -91,7 +91,7 @@ class Drainer:
             migrated += len(moved.migrated)
             if not moved.migrated:  # no room anywhere, or turns outlasting the bound
                 await self.wait_for_room(min(NO_ROOM_RETRY_S, max(0.0, left_s)))
-        snapshot = await entry.handle.snapshot.remote(True)
+        snapshot = await entry.replica.snapshot(exact=True)
         if not isinstance(snapshot, ActorError):
             entry.take(snapshot)
         return migrated
@@ -112,7 +112,7 @@ class Drainer:
 
     @staticmethod
     async def _set_draining(entry: ReplicaEntry, draining: bool) -> None:
-        snapshot = await entry.handle.drain.remote(draining)
+        snapshot = await entry.replica.drain(draining=draining)
         if not isinstance(snapshot, ActorError):
             entry.take(snapshot)  # placement reads the replica's draining flag from it
         entry.health = ReplicaHealth.DRAINING if draining else ReplicaHealth.HEALTHY

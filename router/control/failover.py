@@ -139,7 +139,7 @@ class Failover:
         entry = self.replicas[target]
         entry.reserved += len(ids)
         try:
-            imported = await entry.handle.import_sessions.remote([found[s][1][0] for s in ids])
+            imported = await entry.replica.import_sessions(parts=[found[s][1][0] for s in ids])
         except Exception as exc:  # noqa: BLE001 - blamed on the side that failed
             if object_lost(exc):  # the checkpoints are gone, not the target: nothing to restore
                 log.error("import on %s could not fetch the checkpoints: %s", target, exc)

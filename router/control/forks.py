@@ -81,7 +81,9 @@ class Forks:
         entry = self.replicas[parent.replica_id]
         entry.reserved += 1  # in flight: not in any snapshot yet
         try:
-            opened = await entry.handle.fork_session.remote(parent.session_id, child_id, gateway_id)
+            opened = await entry.replica.fork_session(
+                parent_id=parent.session_id, child_id=child_id, gateway_id=gateway_id
+            )
         except Exception as exc:  # noqa: BLE001 - the replica died under us
             opened = ActorError(StatusCode.UNAVAILABLE, f"fork_session failed: {exc}; retry")
         finally:

@@ -55,7 +55,7 @@ class HealthWatch:
 
     async def _probe(self, replica_id: str, entry: ReplicaEntry, why: str) -> None:
         try:
-            ok = await asyncio.wait_for(entry.handle.ping.remote(), timeout=self.stale_after_s)
+            ok = await asyncio.wait_for(entry.replica.ping(), timeout=self.stale_after_s)
         except Exception as exc:  # noqa: BLE001 - a failed probe is death, whatever its kind
             failure = CallFailure.of("ping", f"replica {replica_id}", exc)
             ok, why = False, f"{why}; ping failed ({failure.kind.value}): {failure.cause}"

@@ -23,6 +23,7 @@ from typing import Any
 
 from cachetools import LRUCache
 
+from replica.actor_client import ReplicaClient
 from replica.api import (
     ActorError,
     PoolSnapshot,
@@ -116,7 +117,9 @@ class SessionRouter(AdminCalls, ClusterCalls):
                     replica_id,
                     len(tenants),
                 )
-                await handle.close_sessions.remote(list(tenants), ReleaseReason.REPLICA_LOST)
+                await ReplicaClient(handle).close_sessions(
+                    session_ids=list(tenants), reason=ReleaseReason.REPLICA_LOST
+                )
             return
         if entry is None or entry.desc.incarnation != desc.incarnation:
             entry = self.replicas[replica_id] = ReplicaEntry(handle, desc)

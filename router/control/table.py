@@ -21,6 +21,7 @@ from typing import Any
 
 from cachetools import LRUCache
 
+from replica.actor_client import ReplicaClient
 from replica.api import PoolSnapshot, ReplicaDescription, SessionInfo
 from router.control.views import ReplicaHealth, ReplicaView
 
@@ -113,6 +114,11 @@ class ReplicaEntry:
     migrated: Counter[str] = field(default_factory=Counter)  # sessions moved away, by reason
     call_errors: Counter[tuple[str, str]] = field(default_factory=Counter)  # (method, kind)
 
+    @property
+    def replica(self) -> ReplicaClient:
+        """The typed calls to the replica (its current handle)."""
+        return ReplicaClient(self.handle)
+
     def take(self, snapshot: PoolSnapshot) -> None:
         """Keep ``snapshot`` when it is newer than the one held (periodic reports and the
         replies to opens and closes race; the newest wins)."""
@@ -147,3 +153,8 @@ class Route:
     handle: Any
     info: SessionInfo | None = None
     tenant: str = ""  # the owner; a cached route is only used for this tenant
+
+    @property
+    def replica(self) -> ReplicaClient:
+        """The typed calls to the replica holding the session."""
+        return ReplicaClient(self.handle)

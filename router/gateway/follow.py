@@ -166,7 +166,7 @@ class Following:
         if not isinstance(where, Route) or where.replica_id == replica_id:
             return None
         try:
-            info = await where.handle.get_session.remote(session_id)
+            info = await where.replica.get_session(session_id=session_id)
         except Exception as exc:  # noqa: BLE001 - that replica is going too: the state is gone
             log.info("session %s on %s: %s", session_id, where.replica_id, exc)
             return None

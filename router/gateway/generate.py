@@ -61,7 +61,9 @@ class GenerateCall:
         self.gw.delivery.release(self.inbox)
         if self.turn_id is not None and not self.finished and code != StatusCode.ABORTED:
             self.gw.background.spawn(
-                self.route.handle.cancel.remote(
-                    self.route.session_id, "the client cancelled the call", self.turn_id
+                self.route.replica.cancel(
+                    session_id=self.route.session_id,
+                    why="the client cancelled the call",
+                    turn_id=self.turn_id,
                 )
             )

@@ -69,7 +69,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
         async def body():
             route = await self.gw.route(request.session_id, self.gw.tenant(context))
             route, info = await self.gw.on_session(
-                route, "get_session", lambda r: r.handle.get_session.remote(r.session_id)
+                route, "get_session", lambda r: r.replica.get_session(session_id=r.session_id)
             )
             return session_to_proto(route.session_id, route.replica_id, info)
 

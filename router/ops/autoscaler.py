@@ -36,6 +36,7 @@ from typing import Any
 
 import ray
 
+from replica.actor_client import ReplicaClient
 from replica.api import ActorError
 from router.config import ScalingConfig
 from router.control.drain import Drained
@@ -158,7 +159,7 @@ def _held(view: ReplicaView) -> int:
 async def stop_replica(handle: Any, store: Any = None) -> None:
     """Shut a replica down (it releases what it still holds) and end its actor and its
     checkpoint store."""
-    call: Awaitable = handle.shutdown.remote()
+    call: Awaitable = ReplicaClient(handle).shutdown()
     try:
         await asyncio.wait_for(call, timeout=STOP_TIMEOUT_S)
     except Exception as exc:  # noqa: BLE001 - it is going either way

@@ -27,6 +27,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from replica import failpoints
+from replica.actor_client import ReplicaClient
 from router.config import ServeConfig
 from router.control.router import ROUTER_NAME, SessionRouter
 from router.gateway.gateway import Gateway
@@ -61,7 +62,9 @@ async def stop_replicas(handles: list) -> int:
 
     async def stop_one(handle) -> int:
         try:
-            return await asyncio.wait_for(handle.shutdown.remote(), REPLICA_SHUTDOWN_TIMEOUT_S)
+            return await asyncio.wait_for(
+                ReplicaClient(handle).shutdown(), REPLICA_SHUTDOWN_TIMEOUT_S
+            )
         except Exception as exc:  # noqa: BLE001 - a dead replica has nothing to release
             log.warning("replica shutdown failed: %s", exc)
             return 0
@@ -208,7 +211,7 @@ class Server:
                     .remote(replica_id, replica_config, self.router)
                 )
             descs = await wait_until_up(
-                {r: self.replicas[r].describe.remote() for r in ids},
+                {r: ReplicaClient(self.replicas[r]).describe() for r in ids},
                 ask,
                 cfg.replica_start_timeout_s,
             )
@@ -220,7 +223,7 @@ class Server:
                         descs[replica_id].node_id,
                         cfg.namespace,
                     )
-            snaps = await asyncio.gather(*(self.replicas[r].snapshot.remote() for r in ids))
+            snaps = await asyncio.gather(*(ReplicaClient(self.replicas[r]).snapshot() for r in ids))
             for replica_id, snap in zip(ids, snaps):
                 await self.router.register_replica.remote(
                     replica_id,
