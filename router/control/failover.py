@@ -101,7 +101,7 @@ class Failover:
         if entry.checkpoints is None or not ids:
             return {}
         try:
-            return await entry.checkpoints.checkpoints.remote(ids, STORE_WAIT_S)
+            return await entry.store.checkpoints(session_ids=ids, wait_s=STORE_WAIT_S)
         except Exception as exc:  # noqa: BLE001 - the store died too: nothing to restore
             log.error("checkpoint store unreachable: %s", exc)
             return {}

@@ -23,6 +23,7 @@ from cachetools import LRUCache
 
 from replica.actor_client import ReplicaClient
 from replica.api import PoolSnapshot, ReplicaDescription, SessionInfo
+from replica.checkpoints.store_client import CheckpointStoreClient
 from router.control.views import ReplicaHealth, ReplicaView
 
 MAX_TOMBSTONES = 100_000
@@ -118,6 +119,11 @@ class ReplicaEntry:
     def replica(self) -> ReplicaClient:
         """The typed calls to the replica (its current handle)."""
         return ReplicaClient(self.handle)
+
+    @property
+    def store(self) -> CheckpointStoreClient:
+        """The typed calls to its checkpoint store (``checkpoints`` must be set)."""
+        return CheckpointStoreClient(self.checkpoints)
 
     def take(self, snapshot: PoolSnapshot) -> None:
         """Keep ``snapshot`` when it is newer than the one held (periodic reports and the
