@@ -61,6 +61,7 @@ def run_sessions(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
     from replica.actor_client import ReplicaClient
     from replica.api import ActorError
+    from router.control.client import RouterClient
     from router.control.router import ROUTER_NAME
 
     out = out or sys.stdout
@@ -69,10 +70,14 @@ def run_sessions(args: argparse.Namespace, out: TextIO | None = None) -> int:
         return 2
     router = ray.get_actor(ROUTER_NAME, namespace=args.namespace)
     held = answer(ReplicaClient(replica).list_sessions())
-    pinned = set(ray.get(router.pinned_sessions.remote(args.replica), timeout=60))
+    listed = answer(RouterClient(router).pinned_sessions(replica_id=args.replica, retry=False))
     if isinstance(held, ActorError):
         print(f"{args.replica} cannot list its sessions: {held}", file=out)
         return 1
+    if isinstance(listed, ActorError):
+        print(f"the router cannot list the sessions of {args.replica}: {listed}", file=out)
+        return 1
+    pinned = set(listed)
     print(f"{'session':32}  {'tenant':16}  state", file=out)
     for session_id in sorted(set(held) | pinned):
         state = "ok"

@@ -28,10 +28,11 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from replica import failpoints
 from replica.actor_client import ReplicaClient
+from replica.router_reports import RouterReports
 from router.config import ServeConfig
+from router.control.client import RouterClient
 from router.control.router import ROUTER_NAME, SessionRouter
 from router.gateway.gateway import Gateway
-from router.gateway.router_client import RouterClient
 from router.ops import ray_join
 from router.ops.autoscaler import Autoscaler
 from router.ops.checkpoint_stores import start_store
@@ -156,7 +157,7 @@ class Server:
         self.supervisor = ReplicaSupervisor(
             self.replicas,
             self.starting,
-            lambda: self.gateway.router.call("views", retry=False),
+            lambda: self.gateway.router.views(retry=False),
             self.start_replicas,
             cfg.replicas,
         )
@@ -225,13 +226,13 @@ class Server:
                     )
             snaps = await asyncio.gather(*(ReplicaClient(self.replicas[r]).snapshot() for r in ids))
             for replica_id, snap in zip(ids, snaps):
-                await self.router.register_replica.remote(
-                    replica_id,
-                    self.replicas[replica_id],
-                    descs[replica_id],
-                    {},
-                    snap,
-                    self.stores.get(replica_id),
+                await RouterReports(self.router).register_replica(
+                    replica_id=replica_id,
+                    handle=self.replicas[replica_id],
+                    desc=descs[replica_id],
+                    tenants={},
+                    snapshot=snap,
+                    checkpoints=self.stores.get(replica_id),
                 )
         except BaseException:
             for replica_id in ids:  # none of them half-started: they would hold resources
