@@ -12,9 +12,8 @@ from __future__ import annotations
 import dataclasses
 
 from replica.api import ActorError
-from router.control.drain import Drained, Drainer
-from router.control.table import Route
-from router.control.views import ReplicaView
+from router.control.api import Drained, ReplicaView, Route
+from router.control.drain import Drainer
 
 
 class AdminCalls:

@@ -19,10 +19,7 @@ from typing import Any, TypeVar
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from replica.api import ActorError, PoolSnapshot, StatusCode
-from router.control.drain import Drained
-from router.control.failover import FailoverOutcome
-from router.control.table import Route
-from router.control.views import ReplicaView
+from router.control.api import Drained, FailoverOutcome, ReplicaView, Route
 
 T = TypeVar("T")
 

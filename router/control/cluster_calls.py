@@ -11,9 +11,9 @@ from typing import Any
 from cachetools import LRUCache
 
 from replica.api import ActorError, PoolSnapshot, StatusCode, clip_id
+from router.control.api import ReplicaHealth
 from router.control.opens import Opener
 from router.control.table import ReplicaEntry, SessionTable
-from router.control.views import ReplicaHealth
 
 
 class ClusterCalls:

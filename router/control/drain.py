@@ -17,24 +17,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from replica.api import ActorError, MigrationReason, StatusCode, clip_id
+from router.control.api import Drained, ReplicaHealth, ReplicaView, Route
 from router.control.migration import Migrator
-from router.control.table import ReplicaEntry, Route
-from router.control.views import ReplicaHealth, ReplicaView
+from router.control.table import ReplicaEntry
 
 NO_ROOM_RETRY_S = 1.0  # how long a drain whose sessions found no room waits before trying again
-
-
-@dataclass(frozen=True, slots=True)
-class Drained:
-    """A drain's answer: the replica as it is now, sessions moved off it, sessions left on it."""
-
-    replica: ReplicaView
-    sessions_migrated: int = 0
-    sessions_left: int = 0
 
 
 class Drainer:

@@ -20,28 +20,19 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 
 from replica.api import ActorError, MigrationReason, StatusCode
 from router.call_errors import CallFailure, FailureKind, log_failure, object_lost
+from router.control.api import FailoverOutcome
 from router.control.migration import Migrator
 from router.control.table import ReplicaEntry, SessionTable
 
 log = logging.getLogger(__name__)
 
 STORE_WAIT_S = 5.0  # how long the dead replica's checkpoint stream may take to end
-
-
-@dataclass(frozen=True, slots=True)
-class FailoverOutcome:
-    """What became of a dead replica's sessions: ``restored`` (session id -> the committed
-    tokens it continues at, on a live replica) and ``lost`` (their state is gone)."""
-
-    restored: dict[str, int] = field(default_factory=dict)
-    lost: tuple[str, ...] = ()
 
 
 class Failover:

@@ -17,8 +17,9 @@ import time
 from collections.abc import Awaitable, Callable
 
 from replica.api import ActorError, StatusCode
+from router.control.api import Route
 from router.control.opens import Opener
-from router.control.table import ReplicaEntry, Route, SessionTable
+from router.control.table import ReplicaEntry, SessionTable
 
 MAX_REROUTES = 3  # a parent moving again and again is answered UNAVAILABLE after this many
 

@@ -16,8 +16,8 @@ import time
 from collections.abc import Awaitable, Callable
 
 from router.call_errors import CallFailure
+from router.control.api import ReplicaHealth
 from router.control.table import ReplicaEntry
-from router.control.views import ReplicaHealth
 
 log = logging.getLogger(__name__)
 

@@ -33,10 +33,10 @@ from typing import Any, TypeVar
 from replica.actor_client import ReplicaClient
 from replica.api import ActorError, Exported, Imported, MigrationReason, StatusCode
 from router.call_errors import CallFailure, FailureKind, log_failure, object_lost, retrying
+from router.control.api import ReplicaView
 from router.control.moving import MovingSessions
 from router.control.placement import choose_replica
 from router.control.table import ReplicaEntry, SessionTable
-from router.control.views import ReplicaView
 
 log = logging.getLogger(__name__)
 

@@ -27,9 +27,9 @@ from cachetools import LRUCache
 
 from replica.api import ActorError, ReleaseReason, StatusCode
 from router.call_errors import CallFailure, FailureKind, log_failure
+from router.control.api import ReplicaView, Route
 from router.control.placement import choose_replica, room_report
-from router.control.table import ReplicaEntry, Route, SessionTable
-from router.control.views import ReplicaView
+from router.control.table import ReplicaEntry, SessionTable
 
 log = logging.getLogger(__name__)
 

@@ -35,19 +35,17 @@ from replica.api import (
 )
 from router.config import RouterConfig
 from router.control.admin_calls import AdminCalls
+from router.control.api import FailoverOutcome, ReplicaHealth, ReplicaView, Route
 from router.control.cluster_calls import ClusterCalls
 from router.control.drain import Drainer
-from router.control.failover import Failover, FailoverOutcome
+from router.control.failover import Failover
 from router.control.forks import Forks
 from router.control.health import HealthWatch
 from router.control.migration import Migrator
 from router.control.opens import Opener
-from router.control.table import ReplicaEntry, Route, SessionState, SessionTable
-from router.control.views import ReplicaHealth, ReplicaView
+from router.control.table import ReplicaEntry, SessionState, SessionTable
 
 log = logging.getLogger(__name__)
-
-ROUTER_NAME = "session-router"
 
 
 class SessionRouter(AdminCalls, ClusterCalls):

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from replica.api import ActorError, PoolSnapshot
+from router.control.api import ReplicaHealth, ReplicaView
 from router.control.client import RouterClient
-from router.control.views import ReplicaHealth, ReplicaView
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from protos import session_router_pb2 as pb
 from replica.api import ReleaseReason, StatusCode
-from router.control.table import Route
+from router.control.api import Route
 from router.gateway.converse_inputs import (
     ClientFailed,
     ClientHalfClosed,

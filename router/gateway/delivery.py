@@ -17,7 +17,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from router.control.table import Route
+from router.control.api import Route
 from router.gateway.inbox import Inbox
 
 log = logging.getLogger(__name__)

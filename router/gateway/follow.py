@@ -27,8 +27,8 @@ from typing import Any
 
 from replica.api import ActorError, ReleaseReason, StatusCode
 from router.call_errors import CallFailure, FailureKind, log_failure, retrying
+from router.control.api import Route
 from router.control.client import RouterClient
-from router.control.table import Route
 from router.gateway.background import Background
 from router.gateway.cluster_view import ClusterView
 from router.gateway.convert import Refused, check

@@ -26,8 +26,8 @@ from replica.api import (
     ReleaseReason,
     StatusCode,
 )
+from router.control.api import Route
 from router.control.client import RouterClient
-from router.control.table import Route
 from router.gateway.auth import ApiKeys, Caller, Unauthenticated
 from router.gateway.background import Background
 from router.gateway.cluster_view import ClusterView

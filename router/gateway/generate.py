@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 from protos import session_router_pb2 as pb
 from replica.api import StatusCode
-from router.control.table import Route
+from router.control.api import Route
 from router.gateway.convert import Refused
 from router.gateway.gateway import Gateway
 from router.gateway.inbox import Inbox, Piece, ReplicaLost, pieces

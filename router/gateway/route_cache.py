@@ -11,8 +11,8 @@ from __future__ import annotations
 from cachetools import LRUCache
 
 from replica.api import ActorError
+from router.control.api import Route
 from router.control.client import RouterClient
-from router.control.table import Route
 
 ROUTE_CACHE_SIZE = 100_000
 

@@ -17,7 +17,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 
-from router.control.table import Route
+from router.control.api import Route
 
 log = logging.getLogger(__name__)
 

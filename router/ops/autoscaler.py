@@ -39,10 +39,9 @@ import ray
 from replica.actor_client import ReplicaClient
 from replica.api import ActorError
 from router.config import ScalingConfig
+from router.control.api import Drained, ReplicaView
 from router.control.client import RouterClient
-from router.control.drain import Drained
 from router.control.placement import is_healthy, session_room
-from router.control.views import ReplicaView
 from router.ops.periodic import Periodic
 from router.ops.scaling_metrics import ScalingMetrics
 from router.ops.supervisor import ReplicaSupervisor

@@ -61,8 +61,8 @@ def run_sessions(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
     from replica.actor_client import ReplicaClient
     from replica.api import ActorError
+    from router.control.api import ROUTER_NAME
     from router.control.client import RouterClient
-    from router.control.router import ROUTER_NAME
 
     out = out or sys.stdout
     replica = replica_actor(args, out)

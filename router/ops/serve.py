@@ -30,8 +30,9 @@ from replica import failpoints
 from replica.actor_client import ReplicaClient
 from replica.router_reports import RouterReports
 from router.config import ServeConfig
+from router.control.api import ROUTER_NAME
 from router.control.client import RouterClient
-from router.control.router import ROUTER_NAME, SessionRouter
+from router.control.router import SessionRouter
 from router.gateway.gateway import Gateway
 from router.ops import ray_join
 from router.ops.autoscaler import Autoscaler

@@ -21,7 +21,7 @@ import ray
 
 from replica.actor_client import ReplicaClient
 from replica.api import ActorError
-from router.control.views import ReplicaHealth, ReplicaView
+from router.control.api import ReplicaHealth, ReplicaView
 from router.ops.periodic import Periodic
 
 log = logging.getLogger(__name__)
