@@ -26,7 +26,6 @@ import os
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from replica import failpoints
 from replica.actor_client import ReplicaClient
 from replica.router_reports import RouterReports
 from router.config import ServeConfig
@@ -192,9 +191,7 @@ class Server:
 
         cfg = self.config
         threads = self.replica_threads()
-        replica_config = dataclasses.replace(
-            cfg.replica, threads=threads, failpoints=cfg.replica.failpoints | failpoints.from_env()
-        )
+        replica_config = dataclasses.replace(cfg.replica.with_env_failpoints(), threads=threads)
         ask = replica_resources(cfg.replica_gpus, cfg.most_replicas)
         ids = [f"replica-{next(self._replica_ids)}" for _ in range(count)]
         self.starting.update(ids)
