@@ -22,6 +22,7 @@ from typing import Any
 from replica.api import ActorError, MigrationReason, StatusCode, clip_id
 from router.control.api import Drained, ReplicaHealth, ReplicaView, Route
 from router.control.migration import Migrator
+from router.control.registry import ReplicaRegistry
 from router.control.table import ReplicaEntry
 
 NO_ROOM_RETRY_S = 1.0  # how long a drain whose sessions found no room waits before trying again
@@ -30,7 +31,7 @@ NO_ROOM_RETRY_S = 1.0  # how long a drain whose sessions found no room waits bef
 class Drainer:
     def __init__(
         self,
-        replicas: dict[str, ReplicaEntry],
+        replicas: ReplicaRegistry,
         migrator: Migrator,
         view: Callable[[str], ReplicaView],
         wait_for_room: Callable[[float], Awaitable[None]],
@@ -100,12 +101,11 @@ class Drainer:
         await self._set_draining(entry, False)
         return self.view(replica_id)
 
-    @staticmethod
-    async def _set_draining(entry: ReplicaEntry, draining: bool) -> None:
+    async def _set_draining(self, entry: ReplicaEntry, draining: bool) -> None:
         snapshot = await entry.replica.drain(draining=draining)
         if not isinstance(snapshot, ActorError):
             entry.take(snapshot)  # placement reads the replica's draining flag from it
-        entry.health = ReplicaHealth.DRAINING if draining else ReplicaHealth.HEALTHY
+        self.replicas.set_draining(entry, draining)
 
     async def migrate_session(
         self,

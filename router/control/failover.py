@@ -28,6 +28,7 @@ from replica.api import ActorError, MigrationReason, StatusCode
 from router.call_errors import CallFailure, FailureKind, log_failure, object_lost
 from router.control.api import FailoverOutcome
 from router.control.migration import Migrator
+from router.control.registry import ReplicaRegistry
 from router.control.table import ReplicaEntry, SessionTable
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ STORE_WAIT_S = 5.0  # how long the dead replica's checkpoint stream may take to 
 class Failover:
     def __init__(
         self,
-        replicas: dict[str, ReplicaEntry],
+        replicas: ReplicaRegistry,
         sessions: SessionTable,
         migrator: Migrator,
         wait_for_room: Callable[[float], Awaitable[None]],

@@ -19,7 +19,8 @@ from collections.abc import Awaitable, Callable
 from replica.api import ActorError, StatusCode
 from router.control.api import Route
 from router.control.opens import Opener
-from router.control.table import ReplicaEntry, SessionTable
+from router.control.registry import ReplicaRegistry
+from router.control.table import SessionTable
 
 MAX_REROUTES = 3  # a parent moving again and again is answered UNAVAILABLE after this many
 
@@ -27,7 +28,7 @@ MAX_REROUTES = 3  # a parent moving again and again is answered UNAVAILABLE afte
 class Forks:
     def __init__(
         self,
-        replicas: dict[str, ReplicaEntry],
+        replicas: ReplicaRegistry,
         sessions: SessionTable,
         route: Callable[[str, str], Awaitable[Route | ActorError]],
         opener: Opener,

@@ -36,7 +36,8 @@ from router.call_errors import CallFailure, FailureKind, log_failure, object_los
 from router.control.api import ReplicaView
 from router.control.moving import MovingSessions
 from router.control.placement import choose_replica
-from router.control.table import ReplicaEntry, SessionTable
+from router.control.registry import ReplicaRegistry
+from router.control.table import SessionTable
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ class Moved:
 class Migrator:
     def __init__(
         self,
-        replicas: dict[str, ReplicaEntry],
+        replicas: ReplicaRegistry,
         sessions: SessionTable,
         view: Callable[[str], ReplicaView],
         on_dead: Callable[[str, str], Awaitable[Any]],

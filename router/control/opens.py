@@ -29,6 +29,7 @@ from replica.api import ActorError, ReleaseReason, StatusCode
 from router.call_errors import CallFailure, FailureKind, log_failure
 from router.control.api import ReplicaView, Route
 from router.control.placement import choose_replica, room_report
+from router.control.registry import ReplicaRegistry
 from router.control.table import ReplicaEntry, SessionTable
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ MAX_ABANDONED = 100_000
 class Opener:
     def __init__(
         self,
-        replicas: dict[str, ReplicaEntry],
+        replicas: ReplicaRegistry,
         sessions: SessionTable,
         view: Callable[[str], ReplicaView],
         on_dead: Callable[[str, str], Awaitable[None]],
