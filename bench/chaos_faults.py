@@ -19,7 +19,7 @@ import ray
 
 from replica.api import PoolSnapshot
 from router.config import ServeConfig
-from router.control.views import ReplicaHealth
+from router.control.api import ReplicaHealth
 from router.ops.serve import Server
 
 

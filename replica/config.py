@@ -1,36 +1,25 @@
 """The settings of one replica: its pool sizes and its engine. Frozen and validated on construction.
 
-Each setting is declared once, with its default and its help text (``setting``); the command line
-(``router.flags``) is generated from these fields, and the demo, the benchmarks and the tests build
-their configs from the same classes. The model's architecture is not a setting: it comes from the
-checkpoint (``replica.model.config.ModelConfig``).
+Each setting is declared once, with its default and its help text (``replica.settings.setting``);
+the command line (``router.flags``) is generated from these fields, and the demo, the benchmarks
+and the tests build their configs from the same classes. The model's architecture is not a
+setting: it comes from the checkpoint (``replica.model.config.ModelConfig``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 
 from replica import failpoints
+from replica.settings import nested, setting
 
 DEFAULT_IDLE_TIMEOUT_S = 300.0
 # The dtypes a replica keeps weights, recurrent state and KV in (``--dtype`` and its peers).
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 AUTO = "auto"
-
-
-def setting(default: Any, help: str = "", *, choices: tuple | None = None, cli: bool = True):
-    """A dataclass field that is also a command-line flag (``--name-with-dashes``), unless
-    ``cli`` is False; ``help`` and ``choices`` go to the flag."""
-    return field(default=default, metadata={"help": help, "choices": choices, "cli": cli})
-
-
-def nested(cls: type):
-    """A field holding a settings dataclass whose own settings become flags too."""
-    return field(default_factory=cls, metadata={"nested": True})
 
 
 @dataclass(frozen=True)
@@ -205,6 +194,11 @@ class ReplicaConfig:
     def model_name(self) -> str:
         """What ``--model`` (or its alias ``--model-path``) names."""
         return self.model_path or self.model
+
+    def with_env_failpoints(self) -> ReplicaConfig:
+        """This config with the failpoints the environment switches on added
+        (``replica.failpoints.ENV_VAR``): how the serve process hands its own to its replicas."""
+        return dataclasses.replace(self, failpoints=self.failpoints | failpoints.from_env())
 
     @property
     def weights_dtype(self) -> torch.dtype | None:

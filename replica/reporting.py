@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from replica.api import PoolSnapshot
+from replica.router_reports import RouterReports
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +32,11 @@ class RouterReporter:
         interval_s: float = 1.0,
         drop_snapshots: bool = False,
     ) -> None:
-        """``registration()`` gives ``register_replica``'s arguments after the replica id
-        (handle, description, session tenants, snapshot); ``drop_snapshots`` is the failpoint."""
+        """``router``: the router's handle; ``registration()`` gives ``register_replica``'s
+        arguments after the replica id (handle, description, session tenants, snapshot,
+        checkpoint store); ``drop_snapshots`` is the failpoint."""
         self.replica_id = replica_id
-        self.router = router
+        self.router = RouterReports(router)
         self.latest_snapshot = latest_snapshot
         self.registration = registration
         self.interval_s = interval_s
@@ -57,12 +59,20 @@ class RouterReporter:
     async def _report(self) -> None:
         released, self._released = self._released, []
         try:
-            known = await self.router.report.remote(self.latest_snapshot(), released)
+            known = await self.router.report(snapshot=self.latest_snapshot(), released=released)
         except Exception:
             self._released = released + self._released  # tell the router next time
             raise
         if not known and not self.dead:
-            await self.router.register_replica.remote(self.replica_id, *await self.registration())
+            handle, desc, tenants, snapshot, checkpoints = await self.registration()
+            await self.router.register_replica(
+                replica_id=self.replica_id,
+                handle=handle,
+                desc=desc,
+                tenants=tenants,
+                snapshot=snapshot,
+                checkpoints=checkpoints,
+            )
 
     async def report_death(self, why: str) -> None:
         """Stop reporting, and tell the router this replica is dead."""
@@ -71,7 +81,7 @@ class RouterReporter:
         deadline = loop.time() + DEATH_REPORT_S
         while True:
             try:
-                await self.router.replica_failed.remote(self.replica_id, why, False)
+                await self.router.replica_failed(replica_id=self.replica_id, why=why, wait=False)
                 return
             except Exception as exc:  # noqa: BLE001 - the router may be restarting
                 if loop.time() > deadline:

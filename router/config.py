@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from replica.config import ReplicaConfig, nested, setting
+from replica.config import ReplicaConfig
+from replica.settings import nested, setting
 
 NAMESPACE = "session-router"
 

@@ -1,4 +1,4 @@
-"""Command-line flags generated from the settings dataclasses (``replica.config.setting``).
+"""Command-line flags generated from the settings dataclasses (``replica.settings.setting``).
 
 Every field declared with ``setting(...)`` becomes ``--name-with-dashes`` with its default, help
 text and choices; fields declared with ``nested(...)`` contribute their own settings. Flag names

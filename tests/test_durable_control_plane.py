@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from router.client import SessionClient
+from router.control.api import ROUTER_NAME
 from router.control.response_store import RESPONSES_NAME
-from router.control.router import ROUTER_NAME
 from tests.support.bpe_peer import hf_generate, save_bpe_peer
 from tests.support.cluster import drain_stream
 from tests.support.serve_process import (

@@ -14,7 +14,7 @@ import ray
 
 from protos import session_router_pb2 as pb
 from router.client import SessionClient
-from router.control.views import ReplicaHealth
+from router.control.api import ReplicaHealth
 from tests.support.cluster import ServerThread, drain_stream, wait_for
 from tests.support.metrics import parse_samples, select
 

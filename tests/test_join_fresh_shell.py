@@ -190,7 +190,8 @@ def test_a_refused_token_ends_at_once_and_says_what_to_do(serve, tmp_path, token
     env = {"RAY_AUTH_TOKEN": secrets.token_hex(16)} if token else {}
     start = time.monotonic()
     # tmp_path: a HOME without serve's token
-    result = command(tmp_path, "gateway", "--address", address, "--grpc-port", "0", "--http-port", "0", **env)
+    ports = ("--grpc-port", "0", "--http-port", "0")
+    result = command(tmp_path, "gateway", "--address", address, *ports, **env)
     assert time.monotonic() - start < 60
     assert result.returncode == 1, result.stdout + result.stderr
     tried = "the token from $RAY_AUTH_TOKEN" if token else "a join without a token"

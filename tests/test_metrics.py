@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 from prometheus_client import generate_latest
 
-from router.control.views import ReplicaHealth
+from router.control.api import ReplicaHealth
 from router.gateway.metrics import RELEASE_REASONS, build_registry, serve_metrics
 from tests.support.metrics import cluster_views, parse_samples, select
 

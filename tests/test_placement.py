@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replica.api import PoolSnapshot, PoolStats
+from router.control.api import ReplicaHealth, ReplicaView
 from router.control.placement import (
     candidates,
     choose_replica,
@@ -15,7 +16,6 @@ from router.control.placement import (
     room_of,
     room_report,
 )
-from router.control.views import ReplicaHealth, ReplicaView
 
 MAMBA_PER_SESSION = 2
 KV_PER_SESSION = 64

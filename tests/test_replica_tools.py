@@ -9,7 +9,7 @@ import pytest
 import ray
 
 from router.client import SessionClient
-from router.control.views import ReplicaHealth
+from router.control.api import ReplicaHealth
 from router.ops import cli
 from tests.support.cluster import ServerThread, wait_for
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import ray
 
+from replica.actor_client import ReplicaClient
 from replica.api import SessionMeta, SessionStates
 from replica.checkpoints.outbox import CheckpointDrop
 
@@ -54,7 +55,7 @@ class CheckpointStore:
     async def _follow(self, replica: Any, copy_here: bool) -> None:
         me = ray.get_runtime_context().current_actor
         try:
-            async for ref in replica.checkpoint_stream.remote(me):
+            async for ref in ReplicaClient(replica).checkpoint_stream(store=me):
                 item = await ref
                 self.items += 1
                 if isinstance(item, CheckpointDrop):
@@ -83,7 +84,9 @@ class CheckpointStore:
             self.acked = self.items
             held_bytes = sum(n for _, n, _ in self.saved.values())
             try:
-                await replica.checkpoints_acked.remote(self.acked, len(self.saved), held_bytes)
+                await ReplicaClient(replica).checkpoints_acked(
+                    seq=self.acked, held=len(self.saved), held_bytes=held_bytes
+                )
             except Exception:  # noqa: BLE001 - the replica died
                 return
 

@@ -12,9 +12,8 @@ from __future__ import annotations
 import dataclasses
 
 from replica.api import ActorError
-from router.control.drain import Drained, Drainer
-from router.control.table import Route
-from router.control.views import ReplicaView
+from router.control.api import Drained, ReplicaView, Route
+from router.control.drain import Drainer
 
 
 class AdminCalls:
@@ -49,5 +48,5 @@ class AdminCalls:
         """``route`` with the session's facts, read from its replica."""
         if isinstance(route, ActorError):
             return route
-        info = await route.handle.get_session.remote(route.session_id)
+        info = await route.replica.get_session(session_id=route.session_id)
         return info if isinstance(info, ActorError) else dataclasses.replace(route, info=info)

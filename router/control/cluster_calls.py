@@ -8,19 +8,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from cachetools import LRUCache
-
 from replica.api import ActorError, PoolSnapshot, StatusCode, clip_id
+from router.control.api import ReplicaHealth
 from router.control.opens import Opener
-from router.control.table import ReplicaEntry, SessionTable
-from router.control.views import ReplicaHealth
+from router.control.registry import ReplicaRegistry
+from router.control.table import SessionTable
 
 
 class ClusterCalls:
-    replicas: dict[str, ReplicaEntry]
+    replicas: ReplicaRegistry
     sessions: SessionTable
     opener: Opener
-    _fenced: LRUCache[str, bool]  # incarnations that may not register again
 
     async def update_sessions(
         self,
@@ -54,11 +52,7 @@ class ClusterCalls:
 
     async def replica_handles(self) -> dict[str, Any]:
         """The actor handle of every live replica, by id (gateways open sessions on them)."""
-        return {
-            rid: entry.handle
-            for rid, entry in self.replicas.items()
-            if entry.health != ReplicaHealth.DEAD
-        }
+        return self.replicas.live_handles()
 
     async def retire_replica(self, replica_id: str) -> bool | ActorError:
         """Forget a draining replica that holds no session, before the serve process stops it:
@@ -75,6 +69,5 @@ class ClusterCalls:
                 f"replica {clip_id(replica_id)} is {entry.health.name.lower()} with {pinned} "
                 "sessions pinned; only a drained, empty replica can be retired",
             )
-        del self.replicas[replica_id]
-        self._fenced[entry.desc.incarnation] = True
+        self.replicas.retire(replica_id)
         return True

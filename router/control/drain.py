@@ -17,30 +17,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from replica.api import ActorError, MigrationReason, StatusCode, clip_id
+from router.control.api import Drained, ReplicaHealth, ReplicaView, Route
 from router.control.migration import Migrator
-from router.control.table import ReplicaEntry, Route
-from router.control.views import ReplicaHealth, ReplicaView
+from router.control.registry import ReplicaRegistry
+from router.control.table import ReplicaEntry
 
 NO_ROOM_RETRY_S = 1.0  # how long a drain whose sessions found no room waits before trying again
-
-
-@dataclass(frozen=True, slots=True)
-class Drained:
-    """A drain's answer: the replica as it is now, sessions moved off it, sessions left on it."""
-
-    replica: ReplicaView
-    sessions_migrated: int = 0
-    sessions_left: int = 0
 
 
 class Drainer:
     def __init__(
         self,
-        replicas: dict[str, ReplicaEntry],
+        replicas: ReplicaRegistry,
         migrator: Migrator,
         view: Callable[[str], ReplicaView],
         wait_for_room: Callable[[float], Awaitable[None]],
@@ -81,7 +72,7 @@ class Drainer:
         """Move every session off the replica until it holds none or ``deadline`` passes."""
         migrated = 0
         while entry.health == ReplicaHealth.DRAINING:
-            held = await entry.handle.list_sessions.remote()
+            held = await entry.replica.list_sessions()
             left_s = deadline - time.monotonic()
             if isinstance(held, ActorError) or not held or left_s <= 0:
                 break
@@ -91,7 +82,7 @@ class Drainer:
             migrated += len(moved.migrated)
             if not moved.migrated:  # no room anywhere, or turns outlasting the bound
                 await self.wait_for_room(min(NO_ROOM_RETRY_S, max(0.0, left_s)))
-        snapshot = await entry.handle.snapshot.remote(True)
+        snapshot = await entry.replica.snapshot(exact=True)
         if not isinstance(snapshot, ActorError):
             entry.take(snapshot)
         return migrated
@@ -110,12 +101,11 @@ class Drainer:
         await self._set_draining(entry, False)
         return self.view(replica_id)
 
-    @staticmethod
-    async def _set_draining(entry: ReplicaEntry, draining: bool) -> None:
-        snapshot = await entry.handle.drain.remote(draining)
+    async def _set_draining(self, entry: ReplicaEntry, draining: bool) -> None:
+        snapshot = await entry.replica.drain(draining=draining)
         if not isinstance(snapshot, ActorError):
             entry.take(snapshot)  # placement reads the replica's draining flag from it
-        entry.health = ReplicaHealth.DRAINING if draining else ReplicaHealth.HEALTHY
+        self.replicas.set_draining(entry, draining)
 
     async def migrate_session(
         self,

@@ -20,14 +20,15 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 
 from replica.api import ActorError, MigrationReason, StatusCode
 from router.call_errors import CallFailure, FailureKind, log_failure, object_lost
+from router.control.api import FailoverOutcome
 from router.control.migration import Migrator
+from router.control.registry import ReplicaRegistry
 from router.control.table import ReplicaEntry, SessionTable
 
 log = logging.getLogger(__name__)
@@ -35,19 +36,10 @@ log = logging.getLogger(__name__)
 STORE_WAIT_S = 5.0  # how long the dead replica's checkpoint stream may take to end
 
 
-@dataclass(frozen=True, slots=True)
-class FailoverOutcome:
-    """What became of a dead replica's sessions: ``restored`` (session id -> the committed
-    tokens it continues at, on a live replica) and ``lost`` (their state is gone)."""
-
-    restored: dict[str, int] = field(default_factory=dict)
-    lost: tuple[str, ...] = ()
-
-
 class Failover:
     def __init__(
         self,
-        replicas: dict[str, ReplicaEntry],
+        replicas: ReplicaRegistry,
         sessions: SessionTable,
         migrator: Migrator,
         wait_for_room: Callable[[float], Awaitable[None]],
@@ -101,7 +93,7 @@ class Failover:
         if entry.checkpoints is None or not ids:
             return {}
         try:
-            return await entry.checkpoints.checkpoints.remote(ids, STORE_WAIT_S)
+            return await entry.store.checkpoints(session_ids=ids, wait_s=STORE_WAIT_S)
         except Exception as exc:  # noqa: BLE001 - the store died too: nothing to restore
             log.error("checkpoint store unreachable: %s", exc)
             return {}
@@ -139,7 +131,7 @@ class Failover:
         entry = self.replicas[target]
         entry.reserved += len(ids)
         try:
-            imported = await entry.handle.import_sessions.remote([found[s][1][0] for s in ids])
+            imported = await entry.replica.import_sessions(parts=[found[s][1][0] for s in ids])
         except Exception as exc:  # noqa: BLE001 - blamed on the side that failed
             if object_lost(exc):  # the checkpoints are gone, not the target: nothing to restore
                 log.error("import on %s could not fetch the checkpoints: %s", target, exc)

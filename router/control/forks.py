@@ -17,8 +17,10 @@ import time
 from collections.abc import Awaitable, Callable
 
 from replica.api import ActorError, StatusCode
+from router.control.api import Route
 from router.control.opens import Opener
-from router.control.table import ReplicaEntry, Route, SessionTable
+from router.control.registry import ReplicaRegistry
+from router.control.table import SessionTable
 
 MAX_REROUTES = 3  # a parent moving again and again is answered UNAVAILABLE after this many
 
@@ -26,7 +28,7 @@ MAX_REROUTES = 3  # a parent moving again and again is answered UNAVAILABLE afte
 class Forks:
     def __init__(
         self,
-        replicas: dict[str, ReplicaEntry],
+        replicas: ReplicaRegistry,
         sessions: SessionTable,
         route: Callable[[str, str], Awaitable[Route | ActorError]],
         opener: Opener,
@@ -81,7 +83,9 @@ class Forks:
         entry = self.replicas[parent.replica_id]
         entry.reserved += 1  # in flight: not in any snapshot yet
         try:
-            opened = await entry.handle.fork_session.remote(parent.session_id, child_id, gateway_id)
+            opened = await entry.replica.fork_session(
+                parent_id=parent.session_id, child_id=child_id, gateway_id=gateway_id
+            )
         except Exception as exc:  # noqa: BLE001 - the replica died under us
             opened = ActorError(StatusCode.UNAVAILABLE, f"fork_session failed: {exc}; retry")
         finally:

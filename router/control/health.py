@@ -16,8 +16,9 @@ import time
 from collections.abc import Awaitable, Callable
 
 from router.call_errors import CallFailure
+from router.control.api import ReplicaHealth
+from router.control.registry import ReplicaRegistry
 from router.control.table import ReplicaEntry
-from router.control.views import ReplicaHealth
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 class HealthWatch:
     def __init__(
         self,
-        replicas: dict[str, ReplicaEntry],
+        replicas: ReplicaRegistry,
         on_dead: Callable[[str, str], Awaitable[None]],
         stale_after_s: float,
         interval_s: float,
@@ -49,13 +50,12 @@ class HealthWatch:
                 if now - entry.reported_at > self.stale_after_s:
                     await self._probe(replica_id, entry, "snapshot stale")
             elif entry.died_at is not None and now - entry.died_at > self.retention_s:
-                if self.replicas.get(replica_id) is entry:
-                    del self.replicas[replica_id]
+                if self.replicas.forget_dead(replica_id, entry):
                     log.info("forgot dead replica %s", replica_id)
 
     async def _probe(self, replica_id: str, entry: ReplicaEntry, why: str) -> None:
         try:
-            ok = await asyncio.wait_for(entry.handle.ping.remote(), timeout=self.stale_after_s)
+            ok = await asyncio.wait_for(entry.replica.ping(), timeout=self.stale_after_s)
         except Exception as exc:  # noqa: BLE001 - a failed probe is death, whatever its kind
             failure = CallFailure.of("ping", f"replica {replica_id}", exc)
             ok, why = False, f"{why}; ping failed ({failure.kind.value}): {failure.cause}"

@@ -28,16 +28,20 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+from replica.actor_client import ReplicaClient
 from replica.api import ActorError, Exported, Imported, MigrationReason, StatusCode
 from router.call_errors import CallFailure, FailureKind, log_failure, object_lost, retrying
+from router.control.api import ReplicaView
 from router.control.moving import MovingSessions
 from router.control.placement import choose_replica
-from router.control.table import ReplicaEntry, SessionTable
-from router.control.views import ReplicaView
+from router.control.registry import ReplicaRegistry
+from router.control.table import SessionTable
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 NO_ROOM = ActorError(
     StatusCode.RESOURCE_EXHAUSTED,
@@ -56,7 +60,7 @@ class Moved:
 class Migrator:
     def __init__(
         self,
-        replicas: dict[str, ReplicaEntry],
+        replicas: ReplicaRegistry,
         sessions: SessionTable,
         view: Callable[[str], ReplicaView],
         on_dead: Callable[[str, str], Awaitable[Any]],
@@ -85,7 +89,9 @@ class Migrator:
             if sid not in claimed
         }
         try:
-            marked = await self._on(source, "mark_moving", list(claimed))
+            marked = await self._on(
+                source, "mark_moving", lambda r: r.mark_moving(session_ids=list(claimed))
+            )
             if isinstance(marked, ActorError):
                 return Moved((), {**left, **dict.fromkeys(claimed, marked)})
             left.update({sid: _closed(sid) for sid in marked.missing})
@@ -103,9 +109,15 @@ class Migrator:
         self, sid: str, source: str, reason: MigrationReason, target: str | None, wait_s: float
     ) -> Moved:
         """Move one session once its running turn has ended."""
-        still = await self._on(source, "wait_turns_ended", [sid], wait_s)
+        still = await self._on(
+            source,
+            "wait_turns_ended",
+            lambda r: r.wait_turns_ended(session_ids=[sid], wait_s=wait_s),
+        )
         if isinstance(still, ActorError) or still:
-            await self._on(source, "finish_export", [sid], False)
+            await self._on(
+                source, "finish_export", lambda r: r.finish_export(session_ids=[sid], moved=False)
+            )
             why = still if isinstance(still, ActorError) else _still_busy(sid)
             return Moved((), {sid: why})
         return await self._move_idle((sid,), source, reason, target)
@@ -134,7 +146,11 @@ class Migrator:
                     else:
                         left[sid] = why
         if left:
-            await self._on(source, "finish_export", list(left), False)
+            await self._on(
+                source,
+                "finish_export",
+                lambda r: r.finish_export(session_ids=list(left), moved=False),
+            )
         return Moved(tuple(migrated), left)
 
     def assign(
@@ -163,7 +179,7 @@ class Migrator:
         src, dst = self.replicas.get(source), self.replicas.get(target)
         if src is None or dst is None:
             return [], dict.fromkeys(ids, _gone(target))
-        exported_ref, states_ref = src.handle.export_sessions.options(num_returns=2).remote(ids)
+        exported_ref, states_ref = src.replica.export_sessions(session_ids=ids)
         try:
             exported: Exported | ActorError = await exported_ref
         except Exception as exc:  # noqa: BLE001 - read by kind: only a dead source is fenced
@@ -177,7 +193,7 @@ class Migrator:
             return [], refused
         dst.reserved += len(exported.exported)
         try:
-            imported: Imported | ActorError = await dst.handle.import_sessions.remote([states_ref])
+            imported: Imported | ActorError = await dst.replica.import_sessions(parts=[states_ref])
         except Exception as exc:  # noqa: BLE001 - blamed on the side that failed
             if object_lost(exc):  # the export is gone: finish_export finds out if the source is
                 log.error("import on %s could not fetch the export of %s: %s", target, source, exc)
@@ -196,19 +212,24 @@ class Migrator:
         landed = [info.session_id for info in imported.opened]
         self.claims.land(landed, target)
         refused.update(imported.refused)
-        finished = await self._on(source, "finish_export", landed, True)
+        finished = await self._on(
+            source, "finish_export", lambda r: r.finish_export(session_ids=landed, moved=True)
+        )
         if not isinstance(finished, ActorError):
             src.take(finished)
         src.migrated[reason.value] += len(landed)
         return landed, refused
 
-    async def _on(self, replica_id: str, method: str, *args: Any) -> Any:
-        """``replica.method(*args)``; an ActorError when the replica is gone or fails it."""
+    async def _on(
+        self, replica_id: str, method: str, call: Callable[[ReplicaClient], Awaitable[T]]
+    ) -> T | ActorError:
+        """``call(replica)``, the replica's ``method``; an ActorError when the replica is gone
+        or fails it."""
         entry = self.replicas.get(replica_id)
         if entry is None:
             return _gone(replica_id)
         try:  # each of these calls may be repeated: one that did not answer is made again
-            return await retrying(lambda: getattr(entry.handle, method).remote(*args))
+            return await retrying(lambda: call(entry.replica))
         except Exception as exc:  # noqa: BLE001 - read by kind: only a dead replica is fenced
             return await self._failed(replica_id, method, exc)
 

@@ -27,9 +27,10 @@ from cachetools import LRUCache
 
 from replica.api import ActorError, ReleaseReason, StatusCode
 from router.call_errors import CallFailure, FailureKind, log_failure
+from router.control.api import ReplicaView, Route
 from router.control.placement import choose_replica, room_report
-from router.control.table import ReplicaEntry, Route, SessionTable
-from router.control.views import ReplicaView
+from router.control.registry import ReplicaRegistry
+from router.control.table import ReplicaEntry, SessionTable
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ MAX_ABANDONED = 100_000
 class Opener:
     def __init__(
         self,
-        replicas: dict[str, ReplicaEntry],
+        replicas: ReplicaRegistry,
         sessions: SessionTable,
         view: Callable[[str], ReplicaView],
         on_dead: Callable[[str, str], Awaitable[None]],
@@ -120,7 +121,9 @@ class Opener:
     async def _close_on(self, entry: ReplicaEntry, session_id: str) -> None:
         """Release ``session_id`` on ``entry``'s replica (reason ``aborted``; idempotent)."""
         try:
-            closed = await entry.handle.close_sessions.remote([session_id], ReleaseReason.ABORTED)
+            closed = await entry.replica.close_sessions(
+                session_ids=[session_id], reason=ReleaseReason.ABORTED
+            )
         except Exception as exc:  # noqa: BLE001 - a dead replica holds nothing
             log.warning("release of a session that cannot be kept failed: %s", exc)
         else:
@@ -177,8 +180,12 @@ class Opener:
         entry = self.replicas[replica_id]
         entry.reserved += 1  # in flight: not in any snapshot yet
         try:
-            opened = await entry.handle.open_session.remote(
-                session_id, idle_timeout_s, gateway_id, tenant, lease_s
+            opened = await entry.replica.open_session(
+                session_id=session_id,
+                idle_timeout_s=idle_timeout_s,
+                gateway_id=gateway_id,
+                tenant=tenant,
+                lease_s=lease_s,
             )
         except Exception as exc:  # noqa: BLE001 - read by kind: only a dead replica is fenced
             failure = CallFailure.of("open_session", f"replica {replica_id}", exc)

@@ -25,7 +25,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from router.control.views import ReplicaHealth, ReplicaView
+from router.control.api import ReplicaHealth, ReplicaView
 
 _DEFAULT_RNG = random.Random()
 

@@ -1,7 +1,8 @@
 """``SessionRouter``: the one named actor that pins every session to the replica holding it.
 
 It owns the session table (session_id -> replica, tenant, last_active) and the replica registry
-(handle, latest ``PoolSnapshot``, health). It places new sessions by real free capacity
+(``router.control.registry``: handle, latest ``PoolSnapshot``, health), which it hands to each of
+its collaborators. It places new sessions by real free capacity
 (``router.control.placement``), waits up to ``open_timeout_s`` (or the caller's deadline) for
 room, and leaves no session behind for a caller that has gone (``router.control.opens``). It
 detects dead replicas (failed calls, a replica's report that its engine died, stale snapshots and
@@ -18,11 +19,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import time
 from typing import Any
 
-from cachetools import LRUCache
-
+from replica.actor_client import ReplicaClient
 from replica.api import (
     ActorError,
     PoolSnapshot,
@@ -34,25 +33,24 @@ from replica.api import (
 )
 from router.config import RouterConfig
 from router.control.admin_calls import AdminCalls
+from router.control.api import FailoverOutcome, ReplicaHealth, ReplicaView, Route
 from router.control.cluster_calls import ClusterCalls
 from router.control.drain import Drainer
-from router.control.failover import Failover, FailoverOutcome
+from router.control.failover import Failover
 from router.control.forks import Forks
 from router.control.health import HealthWatch
 from router.control.migration import Migrator
 from router.control.opens import Opener
-from router.control.table import ReplicaEntry, Route, SessionState, SessionTable
-from router.control.views import ReplicaHealth, ReplicaView
+from router.control.registry import ReplicaRegistry
+from router.control.table import SessionState, SessionTable
 
 log = logging.getLogger(__name__)
-
-ROUTER_NAME = "session-router"
 
 
 class SessionRouter(AdminCalls, ClusterCalls):
     def __init__(self, config: RouterConfig | None = None) -> None:
         config = config or RouterConfig()
-        self.replicas: dict[str, ReplicaEntry] = {}
+        self.replicas = ReplicaRegistry()
         self.sessions = SessionTable()
         self.opener = Opener(
             self.replicas, self.sessions, self._view, self._declare_dead, config.open_timeout_s
@@ -83,7 +81,6 @@ class SessionRouter(AdminCalls, ClusterCalls):
         self.forks = Forks(
             self.replicas, self.sessions, self.route, self.opener, config.open_timeout_s
         )
-        self._fenced: LRUCache[str, bool] = LRUCache(10_000)  # incarnations declared dead
         self._health_task: asyncio.Task | None = None
 
     def _start(self) -> None:
@@ -108,20 +105,18 @@ class SessionRouter(AdminCalls, ClusterCalls):
         turns out to be alive, its sessions, whose clients were told ABORTED, are released."""
         self._start()
         tenants = dict(tenants or {})
-        entry = self.replicas.get(replica_id)
-        if desc.incarnation in self._fenced:
+        if self.replicas.is_fenced(desc.incarnation):
             if tenants:
                 log.warning(
                     "replica %s came back after it was declared dead; releasing its %d sessions",
                     replica_id,
                     len(tenants),
                 )
-                await handle.close_sessions.remote(list(tenants), ReleaseReason.REPLICA_LOST)
+                await ReplicaClient(handle).close_sessions(
+                    session_ids=list(tenants), reason=ReleaseReason.REPLICA_LOST
+                )
             return
-        if entry is None or entry.desc.incarnation != desc.incarnation:
-            entry = self.replicas[replica_id] = ReplicaEntry(handle, desc)
-        entry.handle, entry.health = handle, ReplicaHealth.HEALTHY
-        entry.checkpoints = checkpoints or entry.checkpoints
+        entry = self.replicas.register(replica_id, handle, desc, checkpoints)
         if snapshot is not None:
             entry.take(snapshot)
         for sid, tenant in tenants.items():
@@ -146,12 +141,9 @@ class SessionRouter(AdminCalls, ClusterCalls):
     async def replica_failed(self, replica_id: str, why: str, wait: bool = True) -> FailoverOutcome:
         """Mark a replica dead (once) and restore its sessions elsewhere from their checkpoints
         (``router.control.failover``); with ``wait``, answers what became of them."""
-        entry = self.replicas.get(replica_id)
-        if entry is None:
+        if replica_id not in self.replicas:
             return FailoverOutcome()
-        if entry.health != ReplicaHealth.DEAD:
-            entry.health, entry.died_at = ReplicaHealth.DEAD, time.monotonic()
-            self._fenced[entry.desc.incarnation] = True
+        if self.replicas.mark_dead(replica_id):
             log.error("replica %s is dead (%s)", replica_id, why)
             self.failover.start(replica_id)
         return await self.failover.outcome(replica_id) if wait else FailoverOutcome()

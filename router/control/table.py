@@ -1,6 +1,6 @@
 """The router's tables: ``SessionTable`` (one ``SessionEntry`` per session) and ``ReplicaEntry``
-per replica, and the ``Route`` it hands to gateways. Owned by the ``SessionRouter`` actor;
-gateways see only ``Route`` and ``ReplicaView``.
+per replica. Owned by the ``SessionRouter`` actor; gateways see only what it makes of them
+(``router.control.api``: ``Route`` and ``ReplicaView``).
 
 A session is either pinned to a replica (``SessionState.OPEN``) or remembered for a while as lost
 with its replica (``SessionState.ABORTED``, so late callers learn ABORTED rather than NOT_FOUND).
@@ -21,8 +21,10 @@ from typing import Any
 
 from cachetools import LRUCache
 
-from replica.api import PoolSnapshot, ReplicaDescription, SessionInfo
-from router.control.views import ReplicaHealth, ReplicaView
+from replica.actor_client import ReplicaClient
+from replica.api import PoolSnapshot, ReplicaDescription
+from replica.checkpoints.store_client import CheckpointStoreClient
+from router.control.api import ReplicaHealth, ReplicaView
 
 MAX_TOMBSTONES = 100_000
 
@@ -113,6 +115,16 @@ class ReplicaEntry:
     migrated: Counter[str] = field(default_factory=Counter)  # sessions moved away, by reason
     call_errors: Counter[tuple[str, str]] = field(default_factory=Counter)  # (method, kind)
 
+    @property
+    def replica(self) -> ReplicaClient:
+        """The typed calls to the replica (its current handle)."""
+        return ReplicaClient(self.handle)
+
+    @property
+    def store(self) -> CheckpointStoreClient:
+        """The typed calls to its checkpoint store (``checkpoints`` must be set)."""
+        return CheckpointStoreClient(self.checkpoints)
+
     def take(self, snapshot: PoolSnapshot) -> None:
         """Keep ``snapshot`` when it is newer than the one held (periodic reports and the
         replies to opens and closes race; the newest wins)."""
@@ -138,12 +150,3 @@ class ReplicaEntry:
             moving,
             dict(self.call_errors),
         )
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    session_id: str
-    replica_id: str
-    handle: Any
-    info: SessionInfo | None = None
-    tenant: str = ""  # the owner; a cached route is only used for this tenant

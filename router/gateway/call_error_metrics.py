@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 
 from prometheus_client.core import CounterMetricFamily, Metric
 
-from router.control.views import ReplicaView
+from router.control.api import ReplicaView
 
 
 def router_call_error_family(views: Sequence[ReplicaView]) -> Iterator[Metric]:

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from replica.api import ActorError, PoolSnapshot
-from router.control.views import ReplicaHealth, ReplicaView
-from router.gateway.router_client import RouterClient
+from router.control.api import ReplicaHealth, ReplicaView
+from router.control.client import RouterClient
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class ClusterView:
 
     async def refresh(self) -> None:
         """One poll: the views, then the handles of replicas new here."""
-        views = await self.router.call("views", retry=False)
+        views = await self.router.views(retry=False)
         if isinstance(views, ActorError):
             return
         self.views = views
@@ -88,7 +88,7 @@ class ClusterView:
         for replica_id in set(self._fresh) - live:
             del self._fresh[replica_id]
         if live - set(self.handles):
-            handles = await self.router.call("replica_handles", retry=False)
+            handles = await self.router.replica_handles(retry=False)
             if not isinstance(handles, ActorError):
                 self.handles = handles
         for replica_id in set(self.handles) - live:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from protos import session_router_pb2 as pb
 from replica.api import ReleaseReason, StatusCode
-from router.control.table import Route
+from router.control.api import Route
 from router.gateway.converse_inputs import (
     ClientFailed,
     ClientHalfClosed,
@@ -98,7 +98,7 @@ class Conversation:
                 raise error
         if self.live:  # an interrupt, or an input that barges in
             route, _ = await self.gw.on_session(
-                self.route, "interrupt", lambda r: r.handle.interrupt.remote(r.session_id)
+                self.route, "interrupt", lambda r: r.replica.interrupt(session_id=r.session_id)
             )
             self._moved(route)
         if isinstance(message, ClientInput):
@@ -134,7 +134,7 @@ class Conversation:
         committed = lost.committed_tokens
         if ended and committed is None:  # the session had moved on before: ask where it is
             route, info = await self.gw.on_session(
-                self.route, "get_session", lambda r: r.handle.get_session.remote(r.session_id)
+                self.route, "get_session", lambda r: r.replica.get_session(session_id=r.session_id)
             )
             self._moved(route)
             committed = info.committed_tokens

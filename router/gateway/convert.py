@@ -12,7 +12,7 @@ from replica.api import (
     SessionInfo,
     StatusCode,
 )
-from router.control.views import ReplicaView
+from router.control.api import ReplicaView
 from router.gateway.inbox import Piece
 
 MAX_STOP_TOKENS = 64

@@ -17,7 +17,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from router.control.table import Route
+from router.control.api import Route
 from router.gateway.inbox import Inbox
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ class Delivery:
     async def _pump(self, route: Route) -> None:
         inboxes = self._inboxes
         try:
-            async for ref in route.handle.stream_outputs.remote(self.gateway_id):
+            async for ref in route.replica.stream_outputs(gateway_id=self.gateway_id):
                 for entry in await ref:
                     sid = entry[0] if type(entry) is list else entry.session_id
                     inbox = inboxes.get(sid)

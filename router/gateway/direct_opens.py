@@ -22,8 +22,8 @@ from collections.abc import Awaitable, Callable
 
 from replica.api import ActorError, ReleaseReason, SessionInfo
 from router.call_errors import CallFailure, FailureKind
+from router.control.api import Route
 from router.control.placement import choose_replica
-from router.control.table import Route
 from router.gateway.background import Background
 from router.gateway.cluster_view import ClusterView
 from router.gateway.convert import Refused

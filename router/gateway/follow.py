@@ -27,7 +27,8 @@ from typing import Any
 
 from replica.api import ActorError, ReleaseReason, StatusCode
 from router.call_errors import CallFailure, FailureKind, log_failure, retrying
-from router.control.table import Route
+from router.control.api import Route
+from router.control.client import RouterClient
 from router.gateway.background import Background
 from router.gateway.cluster_view import ClusterView
 from router.gateway.convert import Refused, check
@@ -36,7 +37,6 @@ from router.gateway.inbox import ReplicaLost
 from router.gateway.metrics import GatewayMetrics
 from router.gateway.replica_calls import ReplicaCallsByReplica
 from router.gateway.route_cache import RouteCache
-from router.gateway.router_client import RouterClient
 from router.gateway.router_updates import RouterUpdates
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ class Following:
         """This gateway saw a replica fail: tell the router, then end the calls streaming its
         sessions here as the router's failover says (restored elsewhere, or gone)."""
         self._forget_calls(replica_id)
-        outcome = await self.router.call("replica_failed", replica_id, why)
+        outcome = await self.router.replica_failed(replica_id=replica_id, why=why)
         await self._end_streams_on(
             replica_id, {} if isinstance(outcome, ActorError) else outcome.restored
         )
@@ -162,11 +162,11 @@ class Following:
     async def _committed_elsewhere(self, session_id: str, replica_id: str) -> int | None:
         """The committed tokens of a session the router has on another replica than
         ``replica_id``; None when it has none (the session is gone)."""
-        where = await self.router.call("route", session_id, None)
+        where = await self.router.route(session_id=session_id, tenant=None)
         if not isinstance(where, Route) or where.replica_id == replica_id:
             return None
         try:
-            info = await where.handle.get_session.remote(session_id)
+            info = await where.replica.get_session(session_id=session_id)
         except Exception as exc:  # noqa: BLE001 - that replica is going too: the state is gone
             log.info("session %s on %s: %s", session_id, where.replica_id, exc)
             return None

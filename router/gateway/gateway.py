@@ -27,7 +27,8 @@ from replica.api import (
     SamplingParams,
     StatusCode,
 )
-from router.control.table import Route
+from router.control.api import Route
+from router.control.client import RouterClient
 from router.gateway.auth import ApiKeys, Caller, Unauthenticated
 from router.gateway.background import Background
 from router.gateway.cluster_view import ClusterView
@@ -39,7 +40,6 @@ from router.gateway.inbox import Piece
 from router.gateway.metrics import GatewayMetrics
 from router.gateway.replica_calls import ReplicaCallsByReplica
 from router.gateway.route_cache import RouteCache
-from router.gateway.router_client import RouterClient
 from router.gateway.router_updates import RouterUpdates
 from router.gateway.stream_leases import LeaseRenewer
 
@@ -142,11 +142,16 @@ class Gateway(Following):
         self, session_id: str, timeout: float, tenant: str, wait_s: float | None, lease_s: float
     ) -> Route:
         try:
-            route = await self.router.call(
-                "open_session", timeout, tenant, self.gateway_id, session_id, wait_s, lease_s
+            route = await self.router.open_session(
+                idle_timeout_s=timeout,
+                tenant=tenant,
+                gateway_id=self.gateway_id,
+                session_id=session_id,
+                wait_s=wait_s,
+                lease_s=lease_s,
             )
         except asyncio.CancelledError:
-            self.background.spawn(self.router.call("abandon_open", session_id))
+            self.background.spawn(self.router.abandon_open(session_id=session_id))
             raise
         if isinstance(route, ActorError):
             self.metrics.open_rejected_for(
@@ -164,11 +169,15 @@ class Gateway(Following):
             )
         child_id = secrets.token_hex(16)
         try:
-            forked = await self.router.call(
-                "fork_session", parent_id, child_id, tenant, self.gateway_id, wait_s
+            forked = await self.router.fork_session(
+                parent_id=parent_id,
+                child_id=child_id,
+                tenant=tenant,
+                gateway_id=self.gateway_id,
+                wait_s=wait_s,
             )
         except asyncio.CancelledError:
-            self.background.spawn(self.router.call("abandon_open", child_id))
+            self.background.spawn(self.router.abandon_open(session_id=child_id))
             raise
         route = check(forked)
         self.routes.put(route)

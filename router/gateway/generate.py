@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 from protos import session_router_pb2 as pb
 from replica.api import SamplingParams, StatusCode
-from router.control.table import Route
+from router.control.api import Route
 from router.gateway.convert import Refused
 from router.gateway.gateway import Gateway
 from router.gateway.inbox import Inbox, Piece, ReplicaLost, pieces
@@ -86,7 +86,9 @@ class GenerateCall:
         self.gw.delivery.release(self.inbox)
         if self.turn_id is not None and not self.finished and code != StatusCode.ABORTED:
             self.gw.background.spawn(
-                self.route.handle.cancel.remote(
-                    self.route.session_id, "the client cancelled the call", self.turn_id
+                self.route.replica.cancel(
+                    session_id=self.route.session_id,
+                    why="the client cancelled the call",
+                    turn_id=self.turn_id,
                 )
             )

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from replica.api import MigrationReason
-from router.control.views import ReplicaHealth, ReplicaView
+from router.control.api import ReplicaHealth, ReplicaView
 
 MIGRATION_REASONS = tuple(reason.value for reason in MigrationReason)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, NamedTuple
 
+from replica.actor_client import ReplicaClient
 from replica.api import (
     ActorError,
     Closed,
@@ -37,19 +38,19 @@ class Release(NamedTuple):
 class ReplicaCalls:
     def __init__(self, gateway_id: str, handle: Any) -> None:
         self.gateway_id = gateway_id
-        self.handle = handle
+        self.replica = ReplicaClient(handle)
         self.opens = CallBatcher(self._open)
         self.submits = CallBatcher(self._submit)
         self._closes: dict[ReleaseReason, CallBatcher] = {}
 
     async def _open(self, requests: list[OpenArgs]) -> list[tuple] | ActorError:
-        batch: OpenedBatch | ActorError = await self.handle.open_sessions.remote(requests)
+        batch: OpenedBatch | ActorError = await self.replica.open_sessions(requests=requests)
         if isinstance(batch, ActorError):
             return batch
         return [(result, batch.snapshot) for result in batch.results]
 
     async def _submit(self, turns: list[TurnArgs]) -> list[int | ActorError] | ActorError:
-        return await self.handle.submit_turns.remote(self.gateway_id, turns)
+        return await self.replica.submit_turns(gateway_id=self.gateway_id, turns=turns)
 
     def open(self, args: OpenArgs) -> asyncio.Future:
         """The future of an open: ``(SessionInfo or its refusal, snapshot)``, or an
@@ -65,7 +66,9 @@ class ReplicaCalls:
         if batcher is None:
 
             async def close(ids: list[str]) -> list[Release] | ActorError:
-                closed: Closed | ActorError = await self.handle.close_sessions.remote(ids, reason)
+                closed: Closed | ActorError = await self.replica.close_sessions(
+                    session_ids=ids, reason=reason
+                )
                 if isinstance(closed, ActorError):
                     return closed
                 return [

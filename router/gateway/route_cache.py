@@ -11,8 +11,8 @@ from __future__ import annotations
 from cachetools import LRUCache
 
 from replica.api import ActorError
-from router.control.table import Route
-from router.gateway.router_client import RouterClient
+from router.control.api import Route
+from router.control.client import RouterClient
 
 ROUTE_CACHE_SIZE = 100_000
 
@@ -25,7 +25,7 @@ class RouteCache:
     async def lookup(self, session_id: str, tenant: str) -> Route | ActorError:
         route = self._routes.get(session_id)
         if route is None or route.tenant != tenant:
-            route = await self.router.call("route", session_id, tenant)
+            route = await self.router.route(session_id=session_id, tenant=tenant)
             if isinstance(route, Route):
                 self._routes[session_id] = route
         return route

@@ -13,8 +13,8 @@ import asyncio
 from typing import Any
 
 from replica.api import ActorError, PoolSnapshot
+from router.control.client import RouterClient
 from router.gateway.batching import CallBatcher
-from router.gateway.router_client import RouterClient
 
 PIN, FORGET, SNAPSHOT = "pin", "forget", "snapshot"
 
@@ -33,7 +33,9 @@ class RouterUpdates:
                 snap.replica_id not in newest or snap.seq > newest[snap.replica_id].seq
             ):
                 newest[snap.replica_id] = snap
-        pinned = await self.router.call("update_sessions", pins, forgets, list(newest.values()))
+        pinned = await self.router.update_sessions(
+            pins=pins, forgets=forgets, snapshots=list(newest.values())
+        )
         if isinstance(pinned, ActorError):
             return pinned
         answers = iter(pinned)

@@ -69,7 +69,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
         async def body():
             route = await self.gw.route(request.session_id, self.gw.tenant(context))
             route, info = await self.gw.on_session(
-                route, "get_session", lambda r: r.handle.get_session.remote(r.session_id)
+                route, "get_session", lambda r: r.replica.get_session(session_id=r.session_id)
             )
             return session_to_proto(route.session_id, route.replica_id, info)
 
@@ -145,7 +145,7 @@ class AdminService(pb_grpc.AdminServiceServicer):
     async def ListReplicas(self, request, context):
         async def body():
             self.gw.admin(context)
-            views = check(await self.gw.router.call("views"))
+            views = check(await self.gw.router.views())
             return pb.ListReplicasResponse(replicas=[replica_to_proto(v) for v in views])
 
         return await run_rpc(self.gw, "ListReplicas", context, body)
@@ -157,8 +157,10 @@ class AdminService(pb_grpc.AdminServiceServicer):
         async def body():
             self.gw.admin(context)
             drained = check(
-                await self.gw.router.call(
-                    "drain", request.replica_id, request.migrate, answer_within(context)
+                await self.gw.router.drain(
+                    replica_id=request.replica_id,
+                    migrate=request.migrate,
+                    timeout_s=answer_within(context),
                 )
             )
             await self.gw.cluster.refresh()  # this gateway places by the change at once
@@ -173,7 +175,7 @@ class AdminService(pb_grpc.AdminServiceServicer):
     async def ResumeReplica(self, request, context):
         async def body():
             self.gw.admin(context)
-            view = check(await self.gw.router.call("resume", request.replica_id))
+            view = check(await self.gw.router.resume(replica_id=request.replica_id))
             await self.gw.cluster.refresh()
             return pb.ResumeReplicaResponse(replica=replica_to_proto(view))
 
@@ -185,11 +187,10 @@ class AdminService(pb_grpc.AdminServiceServicer):
             if not request.session_id:
                 raise Refused(StatusCode.INVALID_ARGUMENT, "session_id is required")
             route = check(
-                await self.gw.router.call(
-                    "migrate_session",
-                    request.session_id,
-                    request.target_replica_id,
-                    answer_within(context),
+                await self.gw.router.migrate_session(
+                    session_id=request.session_id,
+                    target_replica_id=request.target_replica_id,
+                    wait_s=answer_within(context),
                 )
             )
             self.gw.routes.drop(route.session_id)

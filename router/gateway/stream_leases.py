@@ -17,7 +17,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 
-from router.control.table import Route
+from router.control.api import Route
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,9 @@ class LeaseRenewer:
         for route in self._held.values():
             by_replica[route.replica_id].append(route)
         calls = [
-            routes[0].handle.hold_sessions.remote([r.session_id for r in routes], LEASE_S)
+            routes[0].replica.hold_sessions(
+                session_ids=[r.session_id for r in routes], lease_s=LEASE_S
+            )
             for routes in by_replica.values()
         ]
         moved = []
@@ -75,4 +77,4 @@ class LeaseRenewer:
         where = await self.relocate(route)
         if isinstance(where, Route) and self._held.get(session_id) is route:
             self._held[session_id] = where
-            await where.handle.hold_sessions.remote([session_id], LEASE_S)
+            await where.replica.hold_sessions(session_ids=[session_id], lease_s=LEASE_S)

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from protos import session_router_pb2 as pb
+from replica.actor_client import ReplicaClient
 from replica.api import (
     ActorError,
     ChatPrompt,
@@ -21,7 +22,7 @@ from replica.api import (
     SamplingParams,
     StatusCode,
 )
-from router.control.table import Route
+from router.control.api import Route
 from router.gateway.convert import Refused
 from router.gateway.gateway import Gateway
 from router.gateway.generate import GenerateCall
@@ -46,22 +47,23 @@ class Turns:
         self.open_wait_s = open_wait_s
         self._card: ModelCard | None = None
 
-    def _any_replica(self):
+    def _any_replica(self) -> ReplicaClient:
         handles = list(self.gw.cluster.handles.values())
         if not handles:
             raise ApiError(503, "no replica is up yet; retry shortly", code="no_replica")
-        return random.choice(handles)
+        return ReplicaClient(random.choice(handles))
 
     async def model_card(self) -> ModelCard:
         """The served model, asked of a replica once (every replica serves the same one)."""
         if self._card is None:
-            self._card = await self._any_replica().model_card.remote()
+            self._card = await self._any_replica().model_card()
         return self._card
 
     async def chat_prompt(
         self, messages: list[dict[str, str]], prior_ids: list[int] | None = None
     ) -> ChatPrompt:
-        return checked(await self._any_replica().chat_prompt.remote(messages, prior_ids))
+        replica = self._any_replica()
+        return checked(await replica.chat_prompt(messages=messages, prior_ids=prior_ids))
 
     async def open(self, tenant: str, idle_timeout_s: float = 0.0) -> Route:
         try:

@@ -36,12 +36,12 @@ from typing import Any
 
 import ray
 
+from replica.actor_client import ReplicaClient
 from replica.api import ActorError
 from router.config import ScalingConfig
-from router.control.drain import Drained
+from router.control.api import Drained, ReplicaView
+from router.control.client import RouterClient
 from router.control.placement import is_healthy, session_room
-from router.control.views import ReplicaView
-from router.gateway.router_client import RouterClient
 from router.ops.periodic import Periodic
 from router.ops.scaling_metrics import ScalingMetrics
 from router.ops.supervisor import ReplicaSupervisor
@@ -89,7 +89,7 @@ class Autoscaler:
 
     async def step(self) -> None:
         """One round: look at the room, and add or remove at most one replica."""
-        views = await self.router.call("views", retry=False)
+        views = await self.router.views(retry=False)
         if isinstance(views, ActorError):
             return  # the router is restarting
         views = [v for v in views if v.replica_id in self.replicas]
@@ -131,14 +131,14 @@ class Autoscaler:
         """Drain the replica with migration; once it holds no session, retire and stop it.
         Sessions left on it (no room for them within the drain's bound): it is resumed."""
         replica_id = view.replica_id
-        drained = await self.router.call("drain", replica_id, True)
+        drained = await self.router.drain(replica_id=replica_id, migrate=True)
         retired: bool | ActorError = False
         if not isinstance(drained, ActorError) and drained.sessions_left == 0:
-            retired = await self.router.call("retire_replica", replica_id)
+            retired = await self.router.retire_replica(replica_id=replica_id)
         if retired is not True:
             left = drained.sessions_left if isinstance(drained, Drained) else "some"
             log.warning("autoscaler: %s kept %s sessions in its drain; it stays", replica_id, left)
-            await self.router.call("resume", replica_id)
+            await self.router.resume(replica_id=replica_id)
             return
         handle, store = self.replicas.pop(replica_id), self.stores.pop(replica_id, None)
         self.supervisor.target -= 1
@@ -158,7 +158,7 @@ def _held(view: ReplicaView) -> int:
 async def stop_replica(handle: Any, store: Any = None) -> None:
     """Shut a replica down (it releases what it still holds) and end its actor and its
     checkpoint store."""
-    call: Awaitable = handle.shutdown.remote()
+    call: Awaitable = ReplicaClient(handle).shutdown()
     try:
         await asyncio.wait_for(call, timeout=STOP_TIMEOUT_S)
     except Exception as exc:  # noqa: BLE001 - it is going either way

@@ -15,6 +15,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from replica.actor import CheckpointStore
+from replica.checkpoints.store_client import CheckpointStoreClient
 
 _spread = itertools.count()
 
@@ -41,5 +42,5 @@ async def start_store(replica_id: str, replica: Any, node_id: str, namespace: st
         )
         .remote(replica_id)
     )
-    await store.follow.remote(replica, node_id)
+    await CheckpointStoreClient(store).follow(replica=replica, replica_node=node_id)
     return store

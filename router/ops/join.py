@@ -18,8 +18,8 @@ from typing import Any
 import ray
 
 from router.config import JoinConfig
+from router.control.api import ROUTER_NAME
 from router.control.response_store import find_store
-from router.control.router import ROUTER_NAME
 from router.ops import ray_join
 from router.ops.gateway_server import GatewayServer
 

@@ -16,13 +16,24 @@ checkpoints). Exit status: 0 done, 1 refused, 2 no such replica.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
-from typing import TextIO
+from collections.abc import Coroutine
+from typing import Any, TextIO, TypeVar
 
 from router.config import NAMESPACE
 from router.ops import ray_join
 
 # Ray and what imports it are imported in the calls: Ray's settings are settled first (cli.py).
+
+T = TypeVar("T")
+
+CALL_TIMEOUT_S = 60.0
+
+
+def answer(call: Coroutine[Any, Any, T]) -> T:
+    """What a typed actor call answers, awaited here for at most ``CALL_TIMEOUT_S``."""
+    return asyncio.run(asyncio.wait_for(call, CALL_TIMEOUT_S))
 
 
 def join_cluster(address: str, namespace: str) -> None:
@@ -48,19 +59,25 @@ def replica_actor(args: argparse.Namespace, out: TextIO):
 def run_sessions(args: argparse.Namespace, out: TextIO | None = None) -> int:
     import ray
 
+    from replica.actor_client import ReplicaClient
     from replica.api import ActorError
-    from router.control.router import ROUTER_NAME
+    from router.control.api import ROUTER_NAME
+    from router.control.client import RouterClient
 
     out = out or sys.stdout
     replica = replica_actor(args, out)
     if replica is None:
         return 2
     router = ray.get_actor(ROUTER_NAME, namespace=args.namespace)
-    held = ray.get(replica.list_sessions.remote(), timeout=60)
-    pinned = set(ray.get(router.pinned_sessions.remote(args.replica), timeout=60))
+    held = answer(ReplicaClient(replica).list_sessions())
+    listed = answer(RouterClient(router).pinned_sessions(replica_id=args.replica, retry=False))
     if isinstance(held, ActorError):
         print(f"{args.replica} cannot list its sessions: {held}", file=out)
         return 1
+    if isinstance(listed, ActorError):
+        print(f"the router cannot list the sessions of {args.replica}: {listed}", file=out)
+        return 1
+    pinned = set(listed)
     print(f"{'session':32}  {'tenant':16}  state", file=out)
     for session_id in sorted(set(held) | pinned):
         state = "ok"
@@ -76,6 +93,7 @@ def run_sessions(args: argparse.Namespace, out: TextIO | None = None) -> int:
 def run_restart(args: argparse.Namespace, out: TextIO | None = None) -> int:
     import ray
 
+    from replica.actor_client import ReplicaClient
     from replica.api import ActorError
 
     out = out or sys.stdout
@@ -83,7 +101,7 @@ def run_restart(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if replica is None:
         return 2
     if not args.force:
-        held = ray.get(replica.list_sessions.remote(), timeout=60)
+        held = answer(ReplicaClient(replica).list_sessions())
         if isinstance(held, ActorError) or held:
             what = held if isinstance(held, ActorError) else f"holds {len(held)} sessions"
             print(

@@ -77,7 +77,7 @@ def died_why(error: BaseException) -> str:
 async def wait_until_up(
     calls: Mapping[str, Any], ask: Mapping[str, float], timeout_s: float
 ) -> dict[str, Any]:
-    """Await each replica's first call (``calls``: replica id -> object ref). Warns with a
+    """Await each replica's first call (``calls``: replica id -> its awaitable). Warns with a
     report once replicas that cannot be scheduled have waited ``WARN_AFTER_S`` (any replica,
     after three times that), and raises ``ReplicaStartError`` after ``timeout_s``, or at once
     when a replica dies starting (its ``__init__`` raised: the message says what)."""

@@ -26,12 +26,15 @@ import os
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from replica import failpoints
+from replica.actor_client import ReplicaClient
+from replica.api import ActorError
+from replica.router_reports import RouterReports
 from router.config import ServeConfig
+from router.control.api import ROUTER_NAME
+from router.control.client import RouterClient
 from router.control.response_store import RESPONSES_NAME, ResponseStore
-from router.control.router import ROUTER_NAME, SessionRouter
+from router.control.router import SessionRouter
 from router.gateway.gateway import Gateway
-from router.gateway.router_client import RouterClient
 from router.ops import ray_join
 from router.ops.autoscaler import Autoscaler
 from router.ops.checkpoint_stores import start_store
@@ -62,7 +65,9 @@ async def stop_replicas(handles: list) -> int:
 
     async def stop_one(handle) -> int:
         try:
-            return await asyncio.wait_for(handle.shutdown.remote(), REPLICA_SHUTDOWN_TIMEOUT_S)
+            return await asyncio.wait_for(
+                ReplicaClient(handle).shutdown(), REPLICA_SHUTDOWN_TIMEOUT_S
+            )
         except Exception as exc:  # noqa: BLE001 - a dead replica has nothing to release
             log.warning("replica shutdown failed: %s", exc)
             return 0
@@ -139,7 +144,7 @@ class Server:
         self.supervisor = ReplicaSupervisor(
             self.replicas,
             self.starting,
-            lambda: self.gateway.router.call("views", retry=False),
+            lambda: self.gateway.router.views(retry=False),
             self.start_replicas,
             cfg.replicas,
         )
@@ -219,7 +224,10 @@ class Server:
                 return None
 
         self.router = router
-        self.replicas = dict(await router.replica_handles.remote())
+        handles = await RouterClient(router).replica_handles()
+        if isinstance(handles, ActorError):
+            raise ValueError(f"the deployment's router did not answer: {handles.message}")
+        self.replicas = dict(handles)
         for replica_id in self.replicas:
             store = await named(f"{replica_id}-checkpoints")
             if store is not None:  # None: checkpoints off, or its store is gone
@@ -233,8 +241,8 @@ class Server:
         """Raises ``ValueError`` when the replica serves another model or other pool sizes
         than this serve's flags ask for."""
         cfg, pools = self.config, self.config.replica.pools
-        card = await handle.model_card.remote()
-        desc = await handle.describe.remote()
+        replica = ReplicaClient(handle)
+        card, desc = await replica.model_card(), await replica.describe()
         theirs = (card.name, desc.max_context, desc.mamba_slots_per_session,
                   desc.kv_tokens_per_session)  # fmt: skip
         ours = (cfg.replica.model_name, pools.max_context, pools.mamba_slots_per_seq,
@@ -262,9 +270,7 @@ class Server:
 
         cfg = self.config
         threads = self.replica_threads()
-        replica_config = dataclasses.replace(
-            cfg.replica, threads=threads, failpoints=cfg.replica.failpoints | failpoints.from_env()
-        )
+        replica_config = dataclasses.replace(cfg.replica.with_env_failpoints(), threads=threads)
         ask = replica_resources(cfg.replica_gpus, cfg.most_replicas)
         ids = [f"replica-{next(self._replica_ids)}" for _ in range(count)]
         self.starting.update(ids)
@@ -284,7 +290,7 @@ class Server:
                     .remote(replica_id, replica_config, self.router)
                 )
             descs = await wait_until_up(
-                {r: self.replicas[r].describe.remote() for r in ids},
+                {r: ReplicaClient(self.replicas[r]).describe() for r in ids},
                 ask,
                 cfg.replica_start_timeout_s,
             )
@@ -296,15 +302,15 @@ class Server:
                         descs[replica_id].node_id,
                         cfg.namespace,
                     )
-            snaps = await asyncio.gather(*(self.replicas[r].snapshot.remote() for r in ids))
+            snaps = await asyncio.gather(*(ReplicaClient(self.replicas[r]).snapshot() for r in ids))
             for replica_id, snap in zip(ids, snaps):
-                await self.router.register_replica.remote(
-                    replica_id,
-                    self.replicas[replica_id],
-                    descs[replica_id],
-                    {},
-                    snap,
-                    self.stores.get(replica_id),
+                await RouterReports(self.router).register_replica(
+                    replica_id=replica_id,
+                    handle=self.replicas[replica_id],
+                    desc=descs[replica_id],
+                    tenants={},
+                    snapshot=snap,
+                    checkpoints=self.stores.get(replica_id),
                 )
         except BaseException:
             for replica_id in ids:  # none of them half-started: they would hold resources

@@ -29,7 +29,7 @@ async def stop_deployment(address: str, namespace: str) -> int | None:
     """Sessions released by the stop, or None when the namespace has no deployment."""
     import ray
 
-    from router.control.router import ROUTER_NAME
+    from router.control.api import ROUTER_NAME
     from router.ops import ray_join
     from router.ops.serve import Server
 

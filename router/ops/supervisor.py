@@ -19,8 +19,9 @@ from typing import Any
 
 import ray
 
+from replica.actor_client import ReplicaClient
 from replica.api import ActorError
-from router.control.views import ReplicaHealth, ReplicaView
+from router.control.api import ReplicaHealth, ReplicaView
 from router.ops.periodic import Periodic
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ class ReplicaSupervisor:
     async def _answers(self, replica_id: str) -> bool:
         """A replica the router does not list: alive unless it fails to answer ``ping``."""
         try:
-            ref = self.replicas[replica_id].ping.remote()
-            return bool(await asyncio.wait_for(ref, timeout=PING_TIMEOUT_S))
+            ping = ReplicaClient(self.replicas[replica_id]).ping()
+            return bool(await asyncio.wait_for(ping, timeout=PING_TIMEOUT_S))
         except Exception:  # noqa: BLE001 - an actor that cannot answer is dead
             return False

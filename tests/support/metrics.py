@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from replica.api import CheckpointStats, HistogramCounts, ParkingStats, PoolSnapshot, PoolStats
-from router.control.views import ReplicaHealth, ReplicaView
+from router.control.api import ReplicaHealth, ReplicaView
 
 
 def cluster_views() -> list[ReplicaView]:

@@ -1,11 +1,20 @@
-"""Typed views the router hands out: what it knows of each replica, never pool internals."""
+"""The types the gateways (and the serve process) share with the control plane: what the router
+answers across Ray. ``Route``: where a session lives (its replica, with the typed calls to it);
+``ReplicaView``: what the router knows of a replica, never pool internals; ``Drained`` and
+``FailoverOutcome``: the answers of a drain and of a replica's death. Frozen values, made by the
+router and read by everyone else; nothing here reaches into the router's tables.
+"""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
-from replica.api import PoolSnapshot
+from replica.actor_client import ReplicaClient
+from replica.api import PoolSnapshot, SessionInfo
+
+ROUTER_NAME = "session-router"  # the router actor's name in serve's Ray namespace
 
 
 class ReplicaHealth(enum.IntEnum):
@@ -65,3 +74,35 @@ class ReplicaView:
     def free_host_mamba(self) -> int:
         """Sessions the replica can still park (0 on a replica without parking)."""
         return self._free("host_mamba")
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    session_id: str
+    replica_id: str
+    handle: Any
+    info: SessionInfo | None = None
+    tenant: str = ""  # the owner; a cached route is only used for this tenant
+
+    @property
+    def replica(self) -> ReplicaClient:
+        """The typed calls to the replica holding the session."""
+        return ReplicaClient(self.handle)
+
+
+@dataclass(frozen=True, slots=True)
+class Drained:
+    """A drain's answer: the replica as it is now, sessions moved off it, sessions left on it."""
+
+    replica: ReplicaView
+    sessions_migrated: int = 0
+    sessions_left: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FailoverOutcome:
+    """What became of a dead replica's sessions: ``restored`` (session id -> the committed
+    tokens it continues at, on a live replica) and ``lost`` (their state is gone)."""
+
+    restored: dict[str, int] = field(default_factory=dict)
+    lost: tuple[str, ...] = ()

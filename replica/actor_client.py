@@ -1,0 +1,183 @@
+"""``ReplicaClient``: the typed calls to one ``ReplicaActor``, the only way anything calls it.
+
+One method per remote method of the actor, with keyword arguments and the actor's own result
+types (``replica.api``): refusals come back as ``ActorError`` values; a call that fails in Ray
+(the actor died, is restarting, or raised) raises Ray's error from the awaited method, for the
+caller to read with its own retry and classification policy. The client holds nothing but the
+handle: it is cheap to make, and travels across Ray inside a ``Route``.
+
+Two calls are not plain coroutines, because their callers need the object references: the
+streaming calls (``stream_outputs``, ``checkpoint_stream``) answer the generator of references,
+whose items the caller owns; ``export_sessions`` answers the references of its two results,
+so the exported state can go to its target without passing through the caller.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ray import ObjectRef, ObjectRefGenerator
+
+from replica.api import (
+    ActorError,
+    ChatPrompt,
+    Closed,
+    Exported,
+    Imported,
+    ModelCard,
+    OpenArgs,
+    Opened,
+    OpenedBatch,
+    PoolSnapshot,
+    ReleaseReason,
+    ReplicaDescription,
+    SamplingParams,
+    SessionInfo,
+    SessionStates,
+    TurnArgs,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaClient:
+    handle: Any  # the ReplicaActor's handle
+
+    # ----- the replica as a whole ---------------------------------------------------------
+
+    async def describe(self) -> ReplicaDescription:
+        return await self.handle.describe.remote()
+
+    async def snapshot(self, *, exact: bool = True) -> PoolSnapshot | ActorError:
+        return await self.handle.snapshot.remote(exact)
+
+    async def check_invariant(self) -> PoolSnapshot | ActorError:
+        return await self.handle.check_invariant.remote()
+
+    async def drain(self, *, draining: bool = True) -> PoolSnapshot | ActorError:
+        return await self.handle.drain.remote(draining)
+
+    async def ping(self) -> bool:
+        return await self.handle.ping.remote()
+
+    async def shutdown(self) -> int:
+        return await self.handle.shutdown.remote()
+
+    async def model_card(self) -> ModelCard:
+        return await self.handle.model_card.remote()
+
+    async def chat_prompt(
+        self, *, messages: list[dict], prior_ids: list[int] | None = None
+    ) -> ChatPrompt | ActorError:
+        return await self.handle.chat_prompt.remote(messages, prior_ids)
+
+    # ----- sessions -----------------------------------------------------------------------
+
+    async def open_sessions(self, *, requests: list[OpenArgs]) -> OpenedBatch | ActorError:
+        return await self.handle.open_sessions.remote(requests)
+
+    async def open_session(
+        self,
+        *,
+        session_id: str,
+        idle_timeout_s: float = 0.0,
+        gateway_id: str = "",
+        tenant: str = "",
+        lease_s: float = 0.0,
+    ) -> Opened | ActorError:
+        return await self.handle.open_session.remote(
+            session_id, idle_timeout_s, gateway_id, tenant, lease_s
+        )
+
+    async def fork_session(
+        self, *, parent_id: str, child_id: str, gateway_id: str = ""
+    ) -> Opened | ActorError:
+        return await self.handle.fork_session.remote(parent_id, child_id, gateway_id)
+
+    async def close_sessions(
+        self, *, session_ids: list[str], reason: ReleaseReason = ReleaseReason.CLOSED
+    ) -> Closed | ActorError:
+        return await self.handle.close_sessions.remote(session_ids, reason)
+
+    async def get_session(self, *, session_id: str) -> SessionInfo | ActorError:
+        return await self.handle.get_session.remote(session_id)
+
+    async def list_sessions(self) -> dict[str, str] | ActorError:
+        return await self.handle.list_sessions.remote()
+
+    # ----- turns and leases ---------------------------------------------------------------
+
+    async def submit_turns(
+        self, *, gateway_id: str, turns: list[TurnArgs]
+    ) -> list[int | ActorError] | ActorError:
+        return await self.handle.submit_turns.remote(gateway_id, turns)
+
+    async def submit_turn(
+        self,
+        *,
+        gateway_id: str,
+        session_id: str,
+        text: str | None,
+        token_ids: list[int] | None,
+        sampling: SamplingParams,
+    ) -> int | ActorError:
+        return await self.handle.submit_turn.remote(
+            gateway_id, session_id, text, token_ids, sampling
+        )
+
+    async def hold_sessions(
+        self, *, session_ids: list[str], lease_s: float
+    ) -> list[str] | ActorError:
+        return await self.handle.hold_sessions.remote(session_ids, lease_s)
+
+    async def interrupt(self, *, session_id: str) -> bool | ActorError:
+        return await self.handle.interrupt.remote(session_id)
+
+    async def cancel(
+        self,
+        *,
+        session_id: str,
+        why: str = "cancelled by the client",
+        turn_id: int | None = None,
+    ) -> bool | ActorError:
+        return await self.handle.cancel.remote(session_id, why, turn_id)
+
+    def stream_outputs(self, *, gateway_id: str) -> ObjectRefGenerator:
+        """The long-lived stream of ``gateway_id``'s outputs: references to lists of
+        ``replica.api.DeliveryEntry``."""
+        return self.handle.stream_outputs.remote(gateway_id)
+
+    # ----- moving sessions ----------------------------------------------------------------
+
+    async def mark_moving(self, *, session_ids: list[str]) -> Exported | ActorError:
+        return await self.handle.mark_moving.remote(session_ids)
+
+    async def wait_turns_ended(
+        self, *, session_ids: list[str], wait_s: float
+    ) -> list[str] | ActorError:
+        return await self.handle.wait_turns_ended.remote(session_ids, wait_s)
+
+    def export_sessions(
+        self, *, session_ids: list[str]
+    ) -> tuple[ObjectRef[Exported | ActorError], ObjectRef[SessionStates | None]]:
+        """The references of what was exported and of the ``SessionStates`` record (it stays
+        in the replica's object store for the target's ``import_sessions`` to fetch)."""
+        return self.handle.export_sessions.options(num_returns=2).remote(session_ids)
+
+    async def finish_export(
+        self, *, session_ids: list[str], moved: bool
+    ) -> PoolSnapshot | ActorError:
+        return await self.handle.finish_export.remote(session_ids, moved)
+
+    async def import_sessions(self, *, parts: list) -> Imported | ActorError:
+        """``parts``: ``SessionStates`` records or references to them."""
+        return await self.handle.import_sessions.remote(parts)
+
+    # ----- checkpoints --------------------------------------------------------------------
+
+    def checkpoint_stream(self, *, store: Any) -> ObjectRefGenerator:
+        """The long-lived stream the checkpoint store ``store`` (its handle) pulls from."""
+        return self.handle.checkpoint_stream.remote(store)
+
+    async def checkpoints_acked(self, *, seq: int, held: int, held_bytes: int) -> None:
+        await self.handle.checkpoints_acked.remote(seq, held, held_bytes)

@@ -1,0 +1,35 @@
+"""``CheckpointStoreClient``: the typed calls to one replica's ``CheckpointStore`` actor.
+
+One method per remote method of the store, with keyword arguments and its own result types; a
+call that fails in Ray raises Ray's error from the awaited method, for the caller to read. The
+client holds nothing but the handle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ray import ObjectRef
+
+from replica.api import SessionMeta
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointStoreClient:
+    handle: Any  # the CheckpointStore's handle
+
+    async def follow(self, *, replica: Any, replica_node: str) -> None:
+        """Start pulling the checkpoints of ``replica`` (its handle), on node ``replica_node``."""
+        await self.handle.follow.remote(replica, replica_node)
+
+    async def checkpoints(
+        self, *, session_ids: list[str], wait_s: float
+    ) -> dict[str, tuple[SessionMeta, list[ObjectRef]]]:
+        """The latest checkpoint of each of ``session_ids`` the store holds: its meta and its
+        reference, in a list so that Ray hands the reference over as it is."""
+        return await self.handle.checkpoints.remote(session_ids, wait_s)
+
+    async def stats(self) -> tuple[int, int]:
+        """Checkpoints held, and their bytes."""
+        return await self.handle.stats.remote()
