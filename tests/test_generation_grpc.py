@@ -12,12 +12,12 @@ from replica.model import load_model
 from router.client import SessionClient
 from tests.support.bpe_peer import (
     first_new_at,
-    hf_generate,
     save_bpe_peer,
     stop_across_tokens,
     with_generation_config,
 )
 from tests.support.cluster import ServerThread
+from tests.support.hf_peer import hf_greedy
 
 PROMPT = "hello there, how are"
 NEW = 40
@@ -40,7 +40,7 @@ def served(ray_cluster, tmp_path_factory):
     hf = save_bpe_peer(base / "peer", seed=11)
     tok = load_model(str(base / "peer"))[2]
     prompt = tok.encode(PROMPT)
-    tokens = hf_generate(hf, prompt, NEW)
+    tokens = hf_greedy(hf, prompt, NEW, until_eos=True)
     k = first_new_at(tokens, 30)  # late, so the stop string comes first
     ckpt = with_generation_config(str(base / "peer"), base / "eos", {"eos_token_id": tokens[k]})
     server = ServerThread(replicas=1, model_path=ckpt).start()
