@@ -60,10 +60,11 @@ def pytest_report_header(config) -> str:
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """A local Ray for every end-to-end test of this process (on loopback, no dashboard)."""
+    """A new local Ray for every end-to-end test of this process (on loopback, no dashboard)."""
     if not ray.is_initialized():
         quiet_ray_start_up()
         ray.init(
+            address="local",  # never a cluster `ray start` left on the machine (its own or not)
             logging_level=logging.WARNING,
             include_dashboard=False,
             log_to_driver=False,
