@@ -17,7 +17,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from protos import session_router_pb2 as pb
 from router.client import SessionClient, generate_request
-from tests.support.cluster import ServerThread, drain_stream, rpc_error, wait_for
+from tests.support.cluster import drain_stream, rpc_error, wait_for
+from tests.support.servers import api_keys_file, serve_cluster
 
 ALICE, BOB, ADMIN = "alice-key-0123456789", "bob-key-9876543210", "ops-key-5555555555"
 Code = grpc.StatusCode
@@ -25,11 +26,10 @@ Code = grpc.StatusCode
 
 @pytest.fixture(scope="module")
 def server(ray_cluster, tmp_path_factory):
-    keys = tmp_path_factory.mktemp("keys") / "api-keys"
-    keys.write_text(f"# key tenant [admin]\n{ALICE} alice\n{BOB} bob\n{ADMIN} ops admin\n")
-    srv = ServerThread(api_keys=str(keys), open_timeout_s=1.0).start()
-    yield srv
-    srv.stop()
+    tenants = {ALICE: "alice", BOB: "bob", ADMIN: "ops admin"}
+    keys = api_keys_file(tmp_path_factory.mktemp("keys"), tenants)
+    with serve_cluster(api_keys=keys, open_timeout_s=1.0) as srv:
+        yield srv
 
 
 @pytest.fixture
