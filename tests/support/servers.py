@@ -61,6 +61,12 @@ def api_keys_file(folder: Path, keys: dict[str, str]) -> str:
     return str(path)
 
 
+# The keys of the suite's server with API keys on (``tenants_server`` in tests/conftest.py): two
+# tenants and an admin.
+ALICE, BOB, ADMIN = "alice-key-0123456789", "bob-key-9876543210", "ops-key-5555555555"
+TENANTS = {ALICE: "alice", BOB: "bob", ADMIN: "ops admin"}
+
+
 def leave_clean(server: ServerThread, timeout: float = 10.0) -> None:
     """What every test of a shared server ends with: no session open on any replica and every
     pool entirely free, nothing leaked (strict snapshots and the replicas' own check)."""
