@@ -13,17 +13,15 @@ import pytest
 from protos import session_router_pb2 as pb
 from router.client import SessionClient
 from tests.support.cluster import drain_stream, rpc_error, tokens
-from tests.support.servers import api_keys_file, serve_cluster
+from tests.support.servers import ALICE, BOB
 
-ALICE, BOB = "alice-key-0123456789", "bob-key-9876543210"
 Code = grpc.StatusCode
 
 
-@pytest.fixture(scope="module")
-def server(ray_cluster, tmp_path_factory):
-    keys = api_keys_file(tmp_path_factory.mktemp("keys"), {ALICE: "alice", BOB: "bob"})
-    with serve_cluster(api_keys=keys, open_timeout_s=1.0) as srv:
-        yield srv
+@pytest.fixture
+def server(tenants_server):
+    """The server with API keys on, shared with tests/test_e2e_status_codes.py."""
+    return tenants_server
 
 
 def turn(session, ids, new):
