@@ -2,6 +2,9 @@
 
 - ``ray_cluster``: one local Ray instance for the whole test process; end-to-end modules start
   their ``Server`` (tests/support/cluster.py) on it, each in its own namespace.
+- ``tenants_server``: one server with API keys on (``tests.support.servers.TENANTS``) for the
+  modules that test tenants' rights (tests/test_e2e_status_codes.py, tests/test_e2e_forks.py);
+  each of their tests leaves it clean, and one that kills a replica waits for its replacement.
 - ``SESSION_ROUTER_TEST_DEVICE`` (tests/support/device.py): the device every engine and pool
   fixture builds on (cpu by default; cuda in scripts/gpu-check.sh); an unusable one stops the run.
 - Hypothesis profiles, which every property test and state machine runs under (none sets its
@@ -28,6 +31,7 @@ from hypothesis import HealthCheck, settings  # noqa: E402
 
 from router.ops.serve import quiet_ray_start_up  # noqa: E402
 from tests.support.device import ENV, check_test_device, device_under_test  # noqa: E402
+from tests.support.servers import TENANTS, api_keys_file, serve_cluster  # noqa: E402
 
 settings.register_profile(
     "ci",
@@ -60,10 +64,11 @@ def pytest_report_header(config) -> str:
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """A local Ray for every end-to-end test of this process (on loopback, no dashboard)."""
+    """A new local Ray for every end-to-end test of this process (on loopback, no dashboard)."""
     if not ray.is_initialized():
         quiet_ray_start_up()
         ray.init(
+            address="local",  # never a cluster `ray start` left on the machine (its own or not)
             logging_level=logging.WARNING,
             include_dashboard=False,
             log_to_driver=False,
@@ -72,3 +77,12 @@ def ray_cluster():
         )
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tenants_server(ray_cluster, tmp_path_factory):
+    """A server with API keys on (``TENANTS``, from a keys file), shared by the modules that test
+    what each tenant may do: one start for all of them."""
+    keys = api_keys_file(tmp_path_factory.mktemp("keys"), TENANTS)
+    with serve_cluster(api_keys=keys, open_timeout_s=1.0) as srv:
+        yield srv

@@ -20,8 +20,9 @@ import pytest
 from router.client import SessionClient
 from router.control.api import ROUTER_NAME
 from router.control.response_store import RESPONSES_NAME
-from tests.support.bpe_peer import hf_generate, save_bpe_peer
+from tests.support.bpe_peer import save_bpe_peer
 from tests.support.cluster import drain_stream
+from tests.support.hf_peer import hf_greedy
 from tests.support.serve_process import (
     REPO,
     ServeProcess,
@@ -121,7 +122,7 @@ def test_a_crashed_serve_leaves_the_sessions_to_the_next(head, checkpoint, tmp_p
     sessions = {}
     for prompt in ([5, 6, 7], [9, 10, 11, 12]):
         session_id, out = turn(first.grpc_address, None, prompt)
-        assert out == hf_generate(hf, prompt, 4)
+        assert out == hf_greedy(hf, prompt, 4)
         sessions[session_id] = prompt + out
     first.proc.send_signal(signal.SIGKILL)
     first.proc.wait(30)
@@ -138,7 +139,7 @@ def test_a_crashed_serve_leaves_the_sessions_to_the_next(head, checkpoint, tmp_p
     assert "attached to the deployment" in tail(second.log)
     for session_id, history in sessions.items():
         _, out = turn(second.grpc_address, session_id, [13, 14])
-        assert out == hf_generate(hf, history + [13, 14], 4)
+        assert out == hf_greedy(hf, history + [13, 14], 4)
     assert second.stop(signal.SIGTERM, timeout=60) == 0
     assert alive(head) == []
 

@@ -17,6 +17,7 @@ from router.client import SessionClient
 from router.control.api import ReplicaHealth
 from tests.support.cluster import ServerThread, drain_stream, wait_for
 from tests.support.metrics import parse_samples, select
+from tests.support.servers import serve_cluster
 
 MAX_SESSIONS = 6
 THRESHOLD = 1  # up when no room is left; down when a replica's sessions fit with 2 to spare
@@ -25,16 +26,15 @@ PROMPTS = ([3, 4], [5, 6, 7], [8])
 
 @pytest.fixture(scope="module")
 def server(ray_cluster):
-    s = ServerThread(
+    with serve_cluster(
         replicas=1,
         max_replicas=2,
         max_sessions=MAX_SESSIONS,
         scale_up_free_sessions=THRESHOLD,
         scale_up_after_s=0.0,
         scale_down_after_s=2.0,
-    ).start()
-    yield s
-    s.stop()
+    ) as s:
+        yield s
 
 
 def listed(server: ServerThread) -> dict[str, ReplicaHealth]:

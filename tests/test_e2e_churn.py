@@ -18,6 +18,7 @@ import ray
 from protos import session_router_pb2 as pb
 from router.client import AsyncSessionClient, generate_request
 from tests.support.cluster import ServerThread, wait_for
+from tests.support.servers import serve_cluster
 
 SESSIONS = 500
 CLIENTS = 16
@@ -47,11 +48,10 @@ RELEASE_REASON = {
 
 @pytest.fixture(scope="module")
 def server(ray_cluster):
-    srv = ServerThread(
+    with serve_cluster(
         max_sessions=16, kv_tokens=8192, session_idle_timeout_s=IDLE_TIMEOUT_S, open_timeout_s=30.0
-    ).start()
-    yield srv
-    srv.stop()
+    ) as srv:
+        yield srv
 
 
 def tokens(i: int, turn: int, n: int = 6) -> list[int]:

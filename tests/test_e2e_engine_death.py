@@ -14,29 +14,26 @@ healthy.
 
 from __future__ import annotations
 
-import os
 import urllib.request
 
 import grpc
 import pytest
 
 from protos import session_router_pb2 as pb
-from replica import failpoints
 from router.client import SessionClient
-from tests.support.cluster import ServerThread, drain_stream, rpc_error, wait_for
+from tests.support.cluster import drain_stream, rpc_error, wait_for
+from tests.support.servers import serve_cluster
 
 
 @pytest.fixture(scope="module")
 def server(ray_cluster):
-    os.environ[failpoints.ENV_VAR] = "engine_step_raises"
-    try:
-        srv = ServerThread(
-            stale_after_s=60.0, dead_replica_retention_s=8.0, session_checkpoints=False
-        ).start()
-    finally:
-        del os.environ[failpoints.ENV_VAR]
-    yield srv
-    srv.stop()
+    with serve_cluster(
+        failpoints="engine_step_raises",
+        stale_after_s=60.0,
+        dead_replica_retention_s=8.0,
+        session_checkpoints=False,
+    ) as srv:
+        yield srv
 
 
 def test_engine_loop_death_makes_the_replica_dead_and_replaced(server):

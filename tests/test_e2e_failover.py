@@ -23,7 +23,8 @@ import ray
 
 from protos import session_router_pb2 as pb
 from router.client import SessionClient, generate_request
-from tests.support.cluster import ServerThread, drain_stream, wait_for
+from tests.support.cluster import drain_stream, wait_for
+from tests.support.servers import serve_cluster
 
 SEEDED = dict(temperature=0.7, seed=99)
 COMMITTED = re.compile(r"continues at committed_tokens (\d+)")
@@ -31,9 +32,8 @@ COMMITTED = re.compile(r"continues at committed_tokens (\d+)")
 
 @pytest.fixture(scope="module")
 def server(ray_cluster):
-    srv = ServerThread(stale_after_s=3.0).start()
-    yield srv
-    srv.stop()
+    with serve_cluster(stale_after_s=3.0) as srv:
+        yield srv
 
 
 def tokens(seed: int, n: int = 5) -> list[int]:

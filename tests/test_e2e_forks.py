@@ -12,19 +12,16 @@ import pytest
 
 from protos import session_router_pb2 as pb
 from router.client import SessionClient
-from tests.support.cluster import ServerThread, drain_stream, rpc_error, tokens
+from tests.support.cluster import drain_stream, rpc_error, tokens
+from tests.support.servers import ALICE, BOB
 
-ALICE, BOB = "alice-key-0123456789", "bob-key-9876543210"
 Code = grpc.StatusCode
 
 
-@pytest.fixture(scope="module")
-def server(ray_cluster, tmp_path_factory):
-    keys = tmp_path_factory.mktemp("keys") / "api-keys"
-    keys.write_text(f"{ALICE} alice\n{BOB} bob\n")
-    srv = ServerThread(api_keys=str(keys), open_timeout_s=1.0).start()
-    yield srv
-    srv.stop()
+@pytest.fixture
+def server(tenants_server):
+    """The server with API keys on, shared with tests/test_e2e_status_codes.py."""
+    return tenants_server
 
 
 def turn(session, ids, new):

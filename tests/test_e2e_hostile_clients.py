@@ -32,7 +32,8 @@ import pytest
 
 from protos import session_router_pb2 as pb
 from router.client import SessionClient, generate_request
-from tests.support.cluster import ServerThread, drain_stream, rpc_error, wait_for
+from tests.support.cluster import drain_stream, rpc_error, wait_for
+from tests.support.servers import grpc_client, serve_cluster
 
 OPEN_TIMEOUT_S = 3.0
 REPO = Path(__file__).resolve().parent.parent
@@ -41,20 +42,19 @@ Code = grpc.StatusCode
 
 @pytest.fixture(scope="module")
 def server(ray_cluster):
-    srv = ServerThread(
+    with serve_cluster(
         max_sessions=4,
         kv_tokens=16384,
         max_context=4096,
         open_timeout_s=OPEN_TIMEOUT_S,
         keepalive_s=1.0,
-    ).start()
-    yield srv
-    srv.stop()
+    ) as srv:
+        yield srv
 
 
 @pytest.fixture
 def client(server):
-    with SessionClient(server.address) as c:
+    with grpc_client(server.address) as c:
         yield c
 
 

@@ -24,21 +24,21 @@ from protos import session_router_pb2 as pb
 from replica.api import ActorError, SamplingParams, StatusCode
 from router.client import SessionClient
 from router.ops import cli
-from tests.support.cluster import ServerThread, drain_stream, wait_for
+from tests.support.cluster import drain_stream, wait_for
+from tests.support.servers import grpc_client, serve_cluster
 
 SEEDED = dict(temperature=0.8, top_p=0.95, seed=77)
 
 
 @pytest.fixture(scope="module")
 def server(ray_cluster):
-    srv = ServerThread(max_parked_sessions=4).start()
-    yield srv
-    srv.stop()
+    with serve_cluster(max_parked_sessions=4) as srv:
+        yield srv
 
 
 @pytest.fixture
 def client(server):
-    with SessionClient(server.address) as c:
+    with grpc_client(server.address) as c:
         yield c
     for replica_id in server.replicas:  # every test leaves the replicas as it found them
         c = SessionClient(server.address)

@@ -13,17 +13,17 @@ import pytest
 
 from protos import session_router_pb2 as pb
 from router.client import SessionClient
-from tests.support.cluster import ServerThread, drain_stream, wait_for
+from tests.support.cluster import drain_stream, wait_for
 from tests.support.metrics import parse_samples, select
+from tests.support.servers import serve_cluster
 
 SESSIONS = 24
 
 
 @pytest.fixture(scope="module")
 def server(ray_cluster):
-    srv = ServerThread(replicas=1, max_sessions=4, max_parked_sessions=40).start()
-    yield srv
-    srv.stop()
+    with serve_cluster(replicas=1, max_sessions=4, max_parked_sessions=40) as srv:
+        yield srv
 
 
 def get_session(client: SessionClient, session_id: str) -> pb.Session:

@@ -22,10 +22,10 @@ import pytest
 import ray
 
 from protos import session_router_pb2 as pb
-from replica import failpoints
 from router.client import SessionClient
-from tests.support.cluster import ServerThread, drain_stream, wait_for
+from tests.support.cluster import drain_stream, wait_for
 from tests.support.metrics import parse_samples, select
+from tests.support.servers import serve_cluster
 
 INTERNAL_HINT = "stays in service"
 ERRORS = "session_router_replica_call_errors_total"
@@ -33,13 +33,8 @@ ERRORS = "session_router_replica_call_errors_total"
 
 @pytest.fixture(scope="module")
 def server(ray_cluster):
-    os.environ[failpoints.ENV_VAR] = "replica_call_raises"
-    try:
-        srv = ServerThread(stale_after_s=3.0).start()
-    finally:
-        del os.environ[failpoints.ENV_VAR]
-    yield srv
-    srv.stop()
+    with serve_cluster(failpoints="replica_call_raises", stale_after_s=3.0) as srv:
+        yield srv
 
 
 def scrape(server) -> str:

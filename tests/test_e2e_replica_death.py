@@ -18,16 +18,16 @@ import ray
 
 from protos import session_router_pb2 as pb
 from router.client import SessionClient
-from tests.support.cluster import ServerThread, drain_stream, rpc_error, wait_for
+from tests.support.cluster import drain_stream, rpc_error, wait_for
+from tests.support.servers import serve_cluster
 
 STALE_AFTER_S = 2.0
 
 
 @pytest.fixture(scope="module")
 def server(ray_cluster):
-    srv = ServerThread(stale_after_s=STALE_AFTER_S, session_checkpoints=False).start()
-    yield srv
-    srv.stop()
+    with serve_cluster(stale_after_s=STALE_AFTER_S, session_checkpoints=False) as srv:
+        yield srv
 
 
 def test_replica_death(server):

@@ -14,29 +14,27 @@ import pytest
 import ray
 
 from protos import session_router_pb2 as pb
-from router.client import SessionClient
 from tests.support.cluster import (
-    ServerThread,
     drain_stream,
     opens_waiting,
     rpc_error,
     tokens,
     wait_for,
 )
+from tests.support.servers import grpc_client, serve_cluster
 
 OPEN_TIMEOUT_S = 3.0
 
 
 @pytest.fixture(scope="module")
 def server(ray_cluster):
-    srv = ServerThread(open_timeout_s=OPEN_TIMEOUT_S).start()
-    yield srv
-    srv.stop()
+    with serve_cluster(open_timeout_s=OPEN_TIMEOUT_S) as srv:
+        yield srv
 
 
 @pytest.fixture
 def client(server):
-    with SessionClient(server.address) as c:
+    with grpc_client(server.address) as c:
         yield c
 
 

@@ -20,7 +20,8 @@ import pytest
 from bench.harness.gateway_process import GatewayProcess
 from protos import session_router_pb2 as pb
 from router.client import SessionClient, generate_request
-from tests.support.cluster import ServerThread, drain_stream, wait_for
+from tests.support.cluster import drain_stream, wait_for
+from tests.support.servers import serve_cluster
 
 PROMPTS = ([5, 6, 7], [8, 9], [10, 11, 12, 13])
 NEW_TOKENS = 6
@@ -28,9 +29,8 @@ NEW_TOKENS = 6
 
 @pytest.fixture(scope="module")
 def server(ray_cluster):
-    s = ServerThread(replicas=1).start()
-    yield s
-    s.stop()
+    with serve_cluster(replicas=1) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")

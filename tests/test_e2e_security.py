@@ -20,6 +20,7 @@ from router.client import SessionClient, tls_credentials
 from router.config import ServeConfig
 from router.ops import cli
 from tests.support.cluster import ServerThread, drain_stream, rpc_error, wait_for
+from tests.support.servers import api_keys_file
 from tests.support.tls import CertificateAuthority
 
 TENANT, ADMIN = "tenant-key-1234567890", "admin-key-0987654321"
@@ -42,12 +43,11 @@ def pki(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(ray_cluster, pki, tmp_path_factory):
-    keys = tmp_path_factory.mktemp("keys") / "api-keys"
-    keys.write_text(f"{TENANT} acme\n{ADMIN} ops admin\n")
+    keys = api_keys_file(tmp_path_factory.mktemp("keys"), {TENANT: "acme", ADMIN: "ops admin"})
     with pytest.MonkeyPatch.context() as env:  # read once, when the server is made
         env.setenv("SESSION_ROUTER_API_KEYS", f"{FROM_ENV}:globex")
         srv = ServerThread(
-            api_keys=str(keys),
+            api_keys=keys,
             tls_cert=pki["server"].cert,
             tls_key=pki["server"].key,
             tls_client_ca=pki["ca"],

@@ -18,8 +18,8 @@ from protos import session_router_pb2 as pb
 from replica import failpoints
 from replica.api import Opened
 from router.client import SessionClient
-from tests.support.cluster import ServerThread
 from tests.support.prometheus import Prometheus
+from tests.support.servers import grpc_client, serve_cluster
 
 STALE_AFTER_S = 2.0
 STALE_ALERT_AFTER_S = 10  # SnapshotStale's threshold in deploy/prometheus/alerts.yml
@@ -27,9 +27,8 @@ STALE_ALERT_AFTER_S = 10  # SnapshotStale's threshold in deploy/prometheus/alert
 
 @pytest.fixture(scope="module")
 def server(ray_cluster):
-    srv = ServerThread(replicas=1, stale_after_s=STALE_AFTER_S).start()  # + the silent one
-    yield srv
-    srv.stop()
+    with serve_cluster(replicas=1, stale_after_s=STALE_AFTER_S) as srv:  # + the silent one
+        yield srv
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +43,7 @@ def silent_replica(server) -> str:
 
 @pytest.fixture
 def client(server):
-    with SessionClient(server.address) as c:
+    with grpc_client(server.address) as c:
         yield c
 
 

@@ -1,7 +1,8 @@
 """End to end: every status code of docs/api.md, each produced by the input that should produce it,
 each with a message; CloseSession idempotence, GetSession, health and reflection.
 
-The module's server has API keys on (tenants alice and bob, and an admin key, from a keys file).
+The server (``tenants_server``, shared with tests/test_e2e_forks.py) has API keys on (tenants
+alice and bob, and an admin key, from a keys file).
 The ABORTED test kills a replica and waits for its replacement, so the tests run in any order.
 """
 
@@ -17,19 +18,15 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from protos import session_router_pb2 as pb
 from router.client import SessionClient, generate_request
-from tests.support.cluster import ServerThread, drain_stream, rpc_error, wait_for
+from tests.support.cluster import drain_stream, rpc_error, wait_for
+from tests.support.servers import ADMIN, ALICE, BOB
 
-ALICE, BOB, ADMIN = "alice-key-0123456789", "bob-key-9876543210", "ops-key-5555555555"
 Code = grpc.StatusCode
 
 
-@pytest.fixture(scope="module")
-def server(ray_cluster, tmp_path_factory):
-    keys = tmp_path_factory.mktemp("keys") / "api-keys"
-    keys.write_text(f"# key tenant [admin]\n{ALICE} alice\n{BOB} bob\n{ADMIN} ops admin\n")
-    srv = ServerThread(api_keys=str(keys), open_timeout_s=1.0).start()
-    yield srv
-    srv.stop()
+@pytest.fixture
+def server(tenants_server):
+    return tenants_server
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ tokens as ``generate`` over the whole conversation, also across session turns.""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from replica.api import FinishReason
 from replica.config import PoolConfig
@@ -16,7 +15,7 @@ from tests.support.engine import (
     run_turn,
     token_ids,
 )
-from tests.support.hf_peer import tiny_hf_bamba
+from tests.support.hf_peer import hf_greedy, tiny_hf_bamba
 
 
 @pytest.fixture(scope="module")
@@ -26,19 +25,6 @@ def peer(tmp_path_factory):
     path = tmp_path_factory.mktemp("bamba-peer")
     hf.save_pretrained(str(path))
     return hf, str(path)
-
-
-def hf_greedy(hf, prompt: list[int], new: int) -> list[int]:
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        out = hf.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=new,
-            min_new_tokens=new,
-            do_sample=False,
-        )
-    return out[0, len(prompt) :].tolist()
 
 
 @pytest.fixture(params=[1, 16], ids=["page1", "page16"])

@@ -24,13 +24,12 @@ from replica.model.tokenizer import TextStream
 from tests.support.bpe_peer import (
     CORPUS,
     first_new_at,
-    hf_generate,
     save_bpe_peer,
     stop_across_tokens,
     with_generation_config,
 )
 from tests.support.engine import close_and_check, make_checkpoint_engine, make_engine
-from tests.support.hf_peer import VOCAB
+from tests.support.hf_peer import VOCAB, hf_greedy
 
 PROMPT = "hello there, how are"
 NEW = 14
@@ -65,7 +64,7 @@ def greedy_run(peer):
     """The prompt's ids and transformers' greedy tokens after it (no EOS: the peer has none)."""
     hf, path = peer
     prompt = load_model(path)[2].encode(PROMPT)
-    return prompt, hf_generate(hf, prompt, NEW)
+    return prompt, hf_greedy(hf, prompt, NEW, until_eos=True)
 
 
 def test_the_models_eos_ends_the_turn_where_generate_stops(peer, greedy_run, tmp_path):
@@ -75,7 +74,7 @@ def test_the_models_eos_ends_the_turn_where_generate_stops(peer, greedy_run, tmp
     unused = next(t for t in range(VOCAB) if t not in tokens)
     ckpt = with_generation_config(path, tmp_path / "eos", {"eos_token_id": [unused, tokens[k]]})
     reference = transformers.AutoModelForCausalLM.from_pretrained(ckpt).eval()
-    expected = hf_generate(reference, prompt, NEW)
+    expected = hf_greedy(reference, prompt, NEW, until_eos=True)
     assert expected == tokens[: k + 1]  # transformers stops at the EOS and returns it
 
     engine = make_checkpoint_engine(ckpt, POOLS)
@@ -86,7 +85,7 @@ def test_the_models_eos_ends_the_turn_where_generate_stops(peer, greedy_run, tmp
     assert text == tok.decode(expected[:-1])  # the EOS's text is not streamed
     # the EOS is in the state: the next turn continues from prompt + reply (EOS included)
     follow = tok.encode(" the session")
-    want = hf_generate(hf, prompt + expected + follow, 6)
+    want = hf_greedy(hf, prompt + expected + follow, 6, until_eos=True)
     sampling = SamplingParams(max_new_tokens=6, ignore_eos=True)
     assert turn(engine, "s", follow, sampling)[0] == want
 
@@ -168,7 +167,7 @@ def drain_all(engine: Engine) -> None:
 def test_stop_strings_split_across_tokens(peer, greedy_run):
     hf, path = peer
     prompt, _ = greedy_run
-    tokens = hf_generate(hf, prompt, 48)
+    tokens = hf_greedy(hf, prompt, 48, until_eos=True)
     engine = make_checkpoint_engine(path, POOLS)
     tok = engine.tokenizer
     full = tok.decode(tokens)
@@ -180,7 +179,7 @@ def test_stop_strings_split_across_tokens(peer, greedy_run):
     assert text == full[: full.find(stop)] and stop not in text
     # the state holds exactly the tokens up to the one that completed the match
     follow = tok.encode(" the session")
-    want = hf_generate(hf, prompt + tokens[: j + 2] + follow, 5)
+    want = hf_greedy(hf, prompt + tokens[: j + 2] + follow, 5, until_eos=True)
     assert turn(engine, "s", follow, SamplingParams(max_new_tokens=5))[0] == want
     # a stop string that never comes: nothing is held back at the end
     engine.open_session("t")

@@ -18,8 +18,7 @@ import pytest
 
 from replica.model.source import ModelNotFoundError, resolve
 from router.client import SessionClient
-from tests.models.peers import hf_generate
-from tests.support.hf_peer import tiny_hf_bamba
+from tests.support.hf_peer import hf_greedy, tiny_hf_bamba
 from tests.support.serve_process import ServeProcess, kill_session, spawn, tail
 
 REPO_ID = "acme-labs/bamba-tiny"
@@ -80,7 +79,7 @@ def test_serve_loads_a_hub_id_from_the_cache(hf_home, tmp_path):
         prompt = [5, 17, 42, 99, 3, 250, 8]
         with SessionClient(serve.grpc_address) as client, client.open(timeout=30) as session:
             ids, _, _ = session.complete(tokens=prompt, max_new_tokens=10, timeout=60)
-        assert ids == hf_generate(tiny_hf_bamba(seed=5), prompt, 10)
+        assert ids == hf_greedy(tiny_hf_bamba(seed=5), prompt, 10)
         assert f"({REPO_ID})" in tail(serve.log)
     finally:
         code = serve.stop()

@@ -23,7 +23,6 @@ from replica.api import (
 from replica.config import PoolConfig
 from replica.engine.moves import MARK_TTL_S
 from replica.model import build_tiny_bamba
-from tests.models.peers import hf_generate
 from tests.support.engine import (
     assert_engine_at_capacity,
     assert_same_state,
@@ -36,7 +35,7 @@ from tests.support.engine import (
     session_state,
     token_ids,
 )
-from tests.support.hf_peer import saved_peer
+from tests.support.hf_peer import hf_greedy, saved_peer
 from tests.support.pools import FakeClock
 
 SEEDED = SamplingParams(max_new_tokens=7, temperature=0.9, top_p=0.9, seed=1234)
@@ -83,7 +82,7 @@ def test_a_moved_session_continues_exactly(peer, when, page_size):
     for engine in (source, unmoved):
         engine.open_session("s", tenant="t")
     o1 = run_turn(source, "s", a, greedy(6))[0]
-    assert o1 == run_turn(unmoved, "s", a, greedy(6))[0] == hf_generate(hf, a, 6)
+    assert o1 == run_turn(unmoved, "s", a, greedy(6))[0] == hf_greedy(hf, a, 6)
 
     if when == "parked":
         source.sessions.residency.park([source.sessions.get("s")])
@@ -118,7 +117,7 @@ def test_greedy_continuation_matches_transformers_after_a_move(peer):
     o1 = run_turn(source, "s", a, greedy(5))[0]
     move(source, target, "s")
     o2 = run_turn(target, "s", b, greedy(9))[0]
-    assert o2 == hf_generate(hf, a + o1 + b, 9)
+    assert o2 == hf_greedy(hf, a + o1 + b, 9)
     for engine in (source, target):
         close_and_check(engine)
 

@@ -15,8 +15,9 @@ import openai
 import pytest
 import ray
 
-from tests.support.chat_peer import greedy, prompt_ids, save_chat_peer
+from tests.support.chat_peer import prompt_ids, save_chat_peer
 from tests.support.cluster import ServerThread, wait_for
+from tests.support.hf_peer import hf_greedy
 from tests.support.serve_process import REPO, user_env
 
 KEY_A, KEY_B = "key-acme", "key-globex"
@@ -60,7 +61,7 @@ def model(client):
 
 def reference(peer, ids: list[int], new: int = NEW) -> tuple[list[int], str]:
     _, hf, tok = peer
-    out = greedy(hf, ids, new, tok.convert_tokens_to_ids("</s>"))
+    out = hf_greedy(hf, ids, new, until_eos=True)
     return out, tok.decode(out, skip_special_tokens=True)
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 
 from replica.config import PoolConfig
-from tests.models.peers import hf_generate
 from tests.support.engine import (
     assert_same_state,
     close_and_check,
@@ -18,7 +17,7 @@ from tests.support.engine import (
     session_state,
     token_ids,
 )
-from tests.support.hf_peer import tiny_hf_bamba
+from tests.support.hf_peer import hf_greedy, tiny_hf_bamba
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +49,7 @@ def test_parked_and_restored_state_is_bit_identical_and_continues_like_never_par
         engine.open_session("s")
         outputs[engine] = run_turn(engine, "s", a, greedy(9))[0]
     o1 = outputs[parking]
-    assert o1 == outputs[plain] == hf_generate(hf, a, 9)
+    assert o1 == outputs[plain] == hf_greedy(hf, a, 9)
 
     before = session_state(parking, "s")
     for i in range(2):  # two more sessions, with turns: "s" is the least recently used
@@ -67,12 +66,12 @@ def test_parked_and_restored_state_is_bit_identical_and_continues_like_never_par
     parking.sessions.residency.park([slot])  # and park again: the next turn restores it
 
     o2 = {e: run_turn(e, "s", b, greedy(8))[0] for e in (parking, plain)}
-    assert o2[parking] == o2[plain] == hf_generate(hf, a + o1 + b, 8)
+    assert o2[parking] == o2[plain] == hf_greedy(hf, a + o1 + b, 8)
     assert_same_state(session_state(parking, "s"), session_state(plain, "s"), exact=True)
 
     parking.sessions.residency.park([parking.sessions.get("s")])
     o3 = {e: run_turn(e, "s", c, greedy(5))[0] for e in (parking, plain)}
-    assert o3[parking] == o3[plain] == hf_generate(hf, a + o1 + b + o2[plain] + c, 5)
+    assert o3[parking] == o3[plain] == hf_greedy(hf, a + o1 + b + o2[plain] + c, 5)
     snap = parking.snapshot()
     assert snap.parking.parks_total >= 3 and snap.parking.restores_total >= 2
     for engine in (parking, plain):

@@ -11,14 +11,14 @@ import ray
 from router.client import SessionClient
 from router.control.api import ReplicaHealth
 from router.ops import cli
-from tests.support.cluster import ServerThread, wait_for
+from tests.support.cluster import wait_for
+from tests.support.servers import serve_cluster
 
 
 @pytest.fixture(scope="module")
 def server(ray_cluster):
-    srv = ServerThread().start()
-    yield srv
-    srv.stop()
+    with serve_cluster() as srv:
+        yield srv
 
 
 def run(capsys, *args: str) -> tuple[int, str]:

@@ -12,24 +12,21 @@ from __future__ import annotations
 import pytest
 import ray
 
-from router.client import SessionClient
 from router.ops.scheduling import ReplicaStartError
 from tests.support.cluster import ServerThread, drain_stream
+from tests.support.servers import grpc_client, serve_cluster
 
 
 def test_more_cpu_replicas_than_cores_start_and_serve(ray_cluster):
     replicas = 2 * int(ray.cluster_resources()["CPU"])
-    srv = ServerThread(replicas=replicas, max_sessions=2, replica_start_timeout_s=120).start()
-    try:
-        with SessionClient(srv.address) as client:
+    with serve_cluster(replicas=replicas, max_sessions=2, replica_start_timeout_s=120) as srv:
+        with grpc_client(srv.address) as client:
             sessions = [client.open() for _ in range(replicas)]
             assert {s.replica_id for s in sessions} == set(srv.replicas)
             for s in sessions:
                 drain_stream(s.generate(tokens=[1, 2], max_new_tokens=2))
                 assert s.close() is True
         srv.wait_at_capacity()
-    finally:
-        srv.stop()
 
 
 def test_replicas_that_cannot_be_scheduled_are_reported(ray_cluster):

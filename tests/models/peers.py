@@ -16,6 +16,7 @@ import torch
 import transformers
 
 from tests.support.engine import token_ids
+from tests.support.hf_peer import hf_greedy
 
 VOCAB = 256
 _COMMON = dict(vocab_size=VOCAB, initializer_range=0.1, bos_token_id=None, eos_token_id=None,
@@ -90,24 +91,10 @@ def save_peer(name: str, path: str, seed: int = 0) -> str:
     return path
 
 
-def hf_generate(model, prompt: list[int], new: int) -> list[int]:
-    """transformers' greedy ``generate`` with its cache: the ``new`` tokens after ``prompt``."""
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=new,
-            min_new_tokens=new,
-            do_sample=False,
-        )
-    return out[0, len(prompt) :].tolist()
-
-
 @cache
 def conversation(name: str) -> tuple[list[int], list[int], list[int], list[int]]:
     """Two turns of a session, ``(prompt 1, reply 1, prompt 2, reply 2)``, the replies as
     transformers' greedy ``generate`` gives them over the whole conversation so far."""
     a, b = token_ids(40, 1, vocab=VOCAB), token_ids(9, 2, vocab=VOCAB)
-    o1 = hf_generate(hf_model(name), a, 10)
-    return a, o1, b, hf_generate(hf_model(name), a + o1 + b, 8)
+    o1 = hf_greedy(hf_model(name), a, 10)
+    return a, o1, b, hf_greedy(hf_model(name), a + o1 + b, 8)

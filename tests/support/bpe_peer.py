@@ -1,7 +1,8 @@
 """A checkpoint as a real one is laid out: a tiny random transformers Bamba (no EOS of its own)
 saved with ``save_pretrained``, a byte-level BPE ``tokenizer.json`` trained here with
 ``tokenizers``, and a ``tokenizer_config.json`` transformers' ``AutoTokenizer`` loads; plus the
-helpers the generation tests share (greedy ``generate``, a stop string across two tokens)."""
+helpers the generation tests share (an EOS in ``generation_config.json``, a stop string across
+two tokens); transformers' greedy ``generate`` is ``tests.support.hf_peer.hf_greedy``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import json
 import shutil
 from pathlib import Path
 
-import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from replica.model import Tokenizer as OurTokenizer
@@ -48,16 +48,6 @@ def with_generation_config(src: str, dst: Path, config: dict) -> str:
     shutil.copytree(src, dst)
     (dst / "generation_config.json").write_text(json.dumps(config))
     return str(dst)
-
-
-def hf_generate(model, prompt: list[int], new: int) -> list[int]:
-    """transformers' greedy ``generate`` (stopping at the model's EOS, if it has one)."""
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        out = model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False
-        )
-    return out[0, len(prompt) :].tolist()
 
 
 def first_new_at(tokens: list[int], start: int) -> int:

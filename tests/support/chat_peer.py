@@ -3,7 +3,7 @@ BPE tokenizer, plus a chat template (messages framed by ``<s>`` and ``</s>``), `
 EOS in ``generation_config.json``, and an EOS the model reaches: its output row is made a
 scaled copy of a token that greedy decoding picks a few tokens in, so replies end by EOS after a few
 tokens on some prompts and run to their length on others. transformers' ``AutoTokenizer`` and
-``generate`` on the same directory are the reference."""
+``generate`` (``hf_peer.hf_greedy``, until the EOS) on the same directory are the reference."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import torch
 from transformers import AutoTokenizer
 
 from tests.support.bpe_peer import save_bpe_peer
+from tests.support.hf_peer import hf_greedy
 
 TEMPLATE = (
     "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
@@ -33,7 +34,7 @@ def save_chat_peer(path: Path, seed: int, model=None):
     eos = tok.convert_tokens_to_ids("</s>")
     # the token greedy decoding picks sixth: replies reach the EOS there, or earlier
     first = prompt_ids(tok, [{"role": "user", "content": PROBES[0]}])
-    frequent = greedy(hf, first, 6, eos=None)[5]
+    frequent = hf_greedy(hf, first, 6)[5]
     with torch.no_grad():
         hf.lm_head.weight[eos] = hf.lm_head.weight[frequent] * 1.25
     hf.generation_config.eos_token_id = eos
@@ -46,18 +47,3 @@ def prompt_ids(tok, messages: list[dict[str, str]]) -> list[int]:
     """The prompt tokens transformers makes of ``messages``."""
     text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return tok.encode(text, add_special_tokens=False)
-
-
-def greedy(model, prompt: list[int], new: int, eos: int | None) -> list[int]:
-    """transformers' greedy ``generate``: the new tokens, the EOS included when it ends them."""
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=new,
-            do_sample=False,
-            eos_token_id=eos,
-            pad_token_id=0,
-        )
-    return out[0, len(prompt) :].tolist()

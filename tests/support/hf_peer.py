@@ -48,3 +48,18 @@ def saved_peer(tmp_path_factory, seed: int):
     path = tmp_path_factory.mktemp(f"bamba-peer-{seed}")
     hf.save_pretrained(str(path))
     return hf, str(path)
+
+
+def hf_greedy(model, prompt: list[int], new: int, until_eos: bool = False) -> list[int]:
+    """transformers' greedy ``generate`` (with its cache): the ``new`` tokens after ``prompt``;
+    with ``until_eos``, fewer when the model's EOS (if it has one) comes first."""
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new,
+            min_new_tokens=None if until_eos else new,
+            do_sample=False,
+        )
+    return out[0, len(prompt) :].tolist()
