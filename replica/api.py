@@ -278,7 +278,9 @@ class OpenedBatch:
 
 
 # The batched calls of a gateway carry plain tuples (``replica.batch_calls``):
-OpenArgs = tuple  # (session_id, idle_timeout_s, gateway_id, tenant, lease_s)
+# (session_id, idle_timeout_s, gateway_id, tenant, lease_s[, prefix]); prefix: None, the text or
+# the token ids the session starts holding (``SessionOps.open_session``)
+OpenArgs = tuple
 TurnArgs = tuple  # (session_id, text | None, token_ids | None, SamplingParams)
 
 

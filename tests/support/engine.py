@@ -105,10 +105,15 @@ def assert_engine_at_capacity(engine: Engine) -> None:
 
 
 def close_and_check(engine: Engine) -> None:
-    """End of a test: close every session, drain, and check that every slot came back."""
+    """End of a test: close every session, drain, and check that every slot came back: what is
+    left is cached states only (exactly accounted), and once they are evicted, nothing."""
     engine.close_all()
     drain(engine)
     assert len(engine.sessions) == 0
+    snap = engine.check_invariant()
+    for stats in snap.pools:
+        assert stats.free + stats.cached == stats.capacity, stats.describe()
+    engine.sessions.cache.clear()
     assert_engine_at_capacity(engine)
 
 
