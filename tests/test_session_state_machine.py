@@ -134,7 +134,9 @@ def make_machine(state_model: ModelConfig = TINY_MODEL, failpoints: frozenset[st
             more tokens."""
             keys = {e.key for e in self.m.cache} | {m.tokens for m in self.m.sessions.values()}
             base = data.draw(st.sampled_from(sorted(keys | {()})))
-            prefix = (*base, *([5] * extra))[:MAX_CONTEXT]
+            self.open_from((*base, *([5] * extra))[:MAX_CONTEXT])
+
+        def open_from(self, prefix: tuple[int, ...]) -> None:
             sid = f"s{next(self.ids)}"
             self.known.append(sid)
             placed = self.m.place_new()
@@ -166,7 +168,9 @@ def make_machine(state_model: ModelConfig = TINY_MODEL, failpoints: frozenset[st
         @precondition(lambda self: self.m.idle())
         @rule(data=st.data(), n_input=st.integers(0, 24), new=st.integers(0, 8))
         def start_turn(self, data, n_input, new):
-            sid = data.draw(st.sampled_from(self.m.idle()))
+            self.start(data.draw(st.sampled_from(self.m.idle())), n_input, new)
+
+        def start(self, sid: str, n_input: int, new: int) -> None:
             m = self.m.sessions[sid]
             target = m.committed + m.pending + n_input + max(0, new - 1)
             if target > MAX_CONTEXT:
@@ -258,7 +262,9 @@ def make_machine(state_model: ModelConfig = TINY_MODEL, failpoints: frozenset[st
         def fold(self, data, n, sample):
             """Fold ``n`` positions: the turn's input first, then tokens it generated (one more
             sampled token, not folded yet, when ``sample``)."""
-            sid = data.draw(st.sampled_from(self.m.running()))
+            self.fold_turn(data.draw(st.sampled_from(self.m.running())), n, sample)
+
+        def fold_turn(self, sid: str, n: int, sample: bool) -> None:
             turn = self.m.sessions[sid].turn
             req = turn.req
             n = min(n, turn.target - req.folded_len)
@@ -287,7 +293,9 @@ def make_machine(state_model: ModelConfig = TINY_MODEL, failpoints: frozenset[st
         @rule(data=st.data())
         def cache_at_input_boundary(self, data):
             """A turn whose input is all folded in, none of its output: its state is cached."""
-            sid = data.draw(st.sampled_from(self.input_folded_turns()))
+            self.cache_input_of(data.draw(st.sampled_from(self.input_folded_turns())))
+
+        def cache_input_of(self, sid: str) -> None:
             m = self.m.sessions[sid]
             turn = m.turn
             marker = m.marker if turn.marker is None else turn.marker
@@ -323,6 +331,33 @@ def make_machine(state_model: ModelConfig = TINY_MODEL, failpoints: frozenset[st
             if m.closing:
                 self.forget(sid, m.closing)
                 assert sid not in self.sessions.sessions
+
+        @precondition(lambda self: self.m.max_cached and self.m.idle())
+        @rule(
+            data=st.data(),
+            n_input=st.integers(1, 20),
+            new=st.integers(1, 6),
+            extra=st.integers(0, 3),
+            close=st.booleans(),
+        )
+        def turn_then_open_from_it(self, data, n_input, new, extra, close):
+            """A whole turn (input folded and cached, tokens generated, committed and cached),
+            then (after closing the session, whose pages the cache keeps, when ``close``) a new
+            session opened from a prefix that begins with what it folded in."""
+            sid = data.draw(st.sampled_from(self.m.idle()))
+            m = self.m.sessions[sid]
+            self.start(sid, n_input, new)
+            if m.turn is None:
+                return  # no room for it now
+            self.fold_turn(sid, m.pending + n_input, sample=True)
+            self.cache_input_of(sid)
+            self.fold_turn(sid, new - 1, sample=True)
+            self.finish(sid, commit=True)
+            if sid in self.m.sessions:
+                cut = max(0, len(m.tokens) - data.draw(st.integers(0, 3)))
+                if close:
+                    self.close_session(sid)
+                self.open_from((*m.tokens[:cut], *([5] * extra))[:MAX_CONTEXT])
 
         @precondition(lambda self: self.m.running())
         @rule(data=st.data(), commit=st.booleans())
