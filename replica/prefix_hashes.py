@@ -31,14 +31,3 @@ def chained_block_hashes(ids: Sequence[int], block: int, limit: int | None = Non
         prev = hashlib.blake2b(prev + chunk, digest_size=8).digest()
         hashes.append(int.from_bytes(prev, "little"))
     return hashes
-
-
-def longest_cached_prefix(ids: Sequence[int], block: int, cached: frozenset[int]) -> int:
-    """Tokens of ``ids``' longest block-aligned prefix whose hash is in ``cached`` (0: none)."""
-    if not cached or block <= 0:
-        return 0
-    best = 0
-    for i, h in enumerate(chained_block_hashes(ids, block)):
-        if h in cached:
-            best = (i + 1) * block
-    return best

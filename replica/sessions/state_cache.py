@@ -28,7 +28,7 @@ from replica.api import StateCacheStats
 from replica.pools.hybrid_pool import HybridReqToTokenPool
 from replica.prefix_hashes import block_tokens, chained_block_hashes
 
-MAX_SNAPSHOT_HASHES = 4096  # block hashes one snapshot carries at most (most recent entries first)
+MAX_SNAPSHOT_HASHES = 1024  # block hashes a snapshot carries at most (most recent entries first)
 
 
 @dataclass(slots=True, eq=False)
