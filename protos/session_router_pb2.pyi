@@ -56,26 +56,32 @@ class SamplingParams(_message.Message):
     def __init__(self, max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., stop: _Optional[_Iterable[str]] = ..., top_k: _Optional[int] = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("idle_timeout_s",)
+    __slots__ = ("idle_timeout_s", "prefix_text", "prefix_tokens")
     IDLE_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_TEXT_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     idle_timeout_s: float
-    def __init__(self, idle_timeout_s: _Optional[float] = ...) -> None: ...
+    prefix_text: str
+    prefix_tokens: TokenIds
+    def __init__(self, idle_timeout_s: _Optional[float] = ..., prefix_text: _Optional[str] = ..., prefix_tokens: _Optional[_Union[TokenIds, _Mapping]] = ...) -> None: ...
 
 class Session(_message.Message):
-    __slots__ = ("session_id", "replica_id", "committed_tokens", "max_context_tokens", "turn_running", "parked")
+    __slots__ = ("session_id", "replica_id", "committed_tokens", "max_context_tokens", "turn_running", "parked", "cached_tokens")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TURN_RUNNING_FIELD_NUMBER: _ClassVar[int]
     PARKED_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     replica_id: str
     committed_tokens: int
     max_context_tokens: int
     turn_running: bool
     parked: bool
-    def __init__(self, session_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., committed_tokens: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., turn_running: _Optional[bool] = ..., parked: _Optional[bool] = ...) -> None: ...
+    cached_tokens: int
+    def __init__(self, session_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., committed_tokens: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., turn_running: _Optional[bool] = ..., parked: _Optional[bool] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("session_id", "text", "tokens", "sampling")

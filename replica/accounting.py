@@ -1,14 +1,16 @@
 """Exact accounting of every pool: ``PoolStats``, ``PoolSnapshot`` and the leak invariant.
 
 For each pool, every unit of capacity is in exactly one state: free, in use by a request in the
-running batch, held by an idle session between turns, or cached (0 until a prefix cache exists).
+running batch, held by an idle session between turns, or cached (a state kept at a turn boundary,
+``StateCache``: one mamba slot each and its KV pages).
 The host tier's pools (``host_mamba``, ``host_kv_tokens``) are held by parked sessions only.
 ``leaked = capacity - (free + in_use + session_held + cached)`` must be 0 at every snapshot.
 
 KV pages may be shared (forked sessions hold their parent's pages by reference count). A shared
 page is counted once: ``in_use`` when any running request holds it (even if idle sessions hold it
-too), else ``session_held``. ``check_page_refs`` checks that every page's reference count is
-exactly the number of rows that hold it, so a reference nobody holds shows up too.
+too), else ``session_held`` when an idle session holds it, else ``cached``.
+``check_page_refs`` checks that every page's reference count is exactly the number of rows and
+cached states that hold it, so a reference nobody holds shows up too.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def count_pools(
     owning = [req for req in running if req.seq is not None]
     active = {req.seq.req_pool_idx for req in owning}
     kv = pool.kv_pool
-    kv_in_use, kv_held = count_kv(pool, sessions, owning, active)
+    kv_in_use, kv_held, kv_cached = count_kv(pool, sessions, owning, active)
     return (
         PoolStats(
             "mamba",
@@ -68,6 +70,7 @@ def count_pools(
             pool.mamba_pool.num_free,
             len(owning) * pool.slots_per_seq,
             sessions.session_held_mamba_slots(active),
+            len(sessions.cache),
         ),
         PoolStats(
             "kv_tokens",
@@ -75,6 +78,7 @@ def count_pools(
             kv.free_tokens,
             kv_in_use,
             kv_held,
+            kv_cached,
         ),
         PoolStats(
             "req", pool.rows, pool.num_free, len(owning), sessions.session_held_req_slots(active)
@@ -85,30 +89,36 @@ def count_pools(
 
 def count_kv(
     pool: HybridReqToTokenPool, sessions: StreamingSession, owning: list[Req], active: set[int]
-) -> tuple[int, int]:
-    """KV token slots ``(in_use, session_held)``, each shared page once (in use before held)."""
+) -> tuple[int, int, int]:
+    """KV token slots ``(in_use, session_held, cached)``, each shared page once (in use before
+    held before cached)."""
     kv = pool.kv_pool
     if not kv.page_allocator.shared_refs:  # nothing shared: plain sums, no per-page work
         in_use = sum(kv.held_tokens(req.kv_len) for req in owning)
-        return in_use, sessions.session_held_tokens(active)
+        return in_use, sessions.session_held_tokens(active), sessions.cache.held_tokens()
     table = pool.req_to_token
     running = kv.distinct_pages(table, [(req.seq.req_pool_idx, req.kv_len) for req in owning])
     idle = kv.distinct_pages(table, sessions.session_held_rows(active))
-    held = int((~torch.isin(idle, running)).sum())
-    return running.numel() * kv.page_size, held * kv.page_size
+    held = idle[~torch.isin(idle, running)]
+    lists = sessions.cache.page_lists()
+    cached = torch.unique(torch.cat(lists)) if lists else torch.empty(0, dtype=torch.int64)
+    cached_only = int((~torch.isin(cached, torch.cat([running, held]))).sum())
+    return running.numel() * kv.page_size, held.numel() * kv.page_size, cached_only * kv.page_size
 
 
 def check_page_refs(
     pool: HybridReqToTokenPool, sessions: StreamingSession, running: Iterable[Req]
 ) -> None:
     """Every KV page's reference count equals the number of rows (running requests and idle
-    resident sessions) that hold it; raises ``SlotStateError`` naming the first that differ."""
+    resident sessions) and cached states that hold it; raises ``SlotStateError`` naming the
+    first that differ."""
     kv, table = pool.kv_pool, pool.req_to_token
     owning = [req for req in running if req.seq is not None]
     active = {req.seq.req_pool_idx for req in owning}
     rows = [(req.seq.req_pool_idx, req.kv_len) for req in owning]
     rows += sessions.session_held_rows(active)
     pages = [kv.pages_of(table, row, 0, n) for row, n in rows]
+    pages += sessions.cache.page_lists()
     holders = torch.zeros(kv.page_allocator.size, dtype=torch.int64)
     if pages:
         holders.index_add_(

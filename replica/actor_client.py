@@ -84,9 +84,10 @@ class ReplicaClient:
         gateway_id: str = "",
         tenant: str = "",
         lease_s: float = 0.0,
+        prefix: str | list[int] | None = None,
     ) -> Opened | ActorError:
         return await self.handle.open_session.remote(
-            session_id, idle_timeout_s, gateway_id, tenant, lease_s
+            session_id, idle_timeout_s, gateway_id, tenant, lease_s, prefix
         )
 
     async def fork_session(

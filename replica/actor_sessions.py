@@ -30,8 +30,9 @@ class SessionsAPI:
         raise NotImplementedError
 
     async def open_sessions(self, requests: list[OpenArgs]) -> OpenedBatch | ActorError:
-        """Open sessions, each ``(session_id, idle_timeout_s, gateway_id, tenant, lease_s)``
-        (``lease_s`` > 0: a stream holds it open, see ``hold_sessions``); each is opened or
+        """Open sessions, each ``(session_id, idle_timeout_s, gateway_id, tenant, lease_s[,
+        prefix])`` (``lease_s`` > 0: a stream holds it open, see ``hold_sessions``; ``prefix``:
+        the text or token ids it starts holding, from a cached state); each is opened or
         refused on its own. The reply carries the snapshot taken after the last, so the caller's
         view of this replica's room is never older than its own placements."""
         self.call_faults.trip("open_sessions")
@@ -44,10 +45,11 @@ class SessionsAPI:
         gateway_id: str = "",
         tenant: str = "",
         lease_s: float = 0.0,
+        prefix: str | list[int] | None = None,
     ) -> Opened | ActorError:
-        """``open_sessions`` of one session."""
+        """``open_sessions`` of one session (``prefix``: what it starts holding)."""
         batch = await self.open_sessions(
-            [(session_id, idle_timeout_s, gateway_id, tenant, lease_s)]
+            [(session_id, idle_timeout_s, gateway_id, tenant, lease_s, prefix)]
         )
         if isinstance(batch, ActorError):
             return batch

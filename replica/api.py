@@ -257,6 +257,7 @@ class SessionInfo:
     turn_running: bool
     idle_timeout_s: float
     parked: bool = False  # its state is in host memory until its next turn
+    cached_tokens: int = 0  # of an open with a prefix: the prefix tokens taken from a cached state
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,7 +278,9 @@ class OpenedBatch:
 
 
 # The batched calls of a gateway carry plain tuples (``replica.batch_calls``):
-OpenArgs = tuple  # (session_id, idle_timeout_s, gateway_id, tenant, lease_s)
+# (session_id, idle_timeout_s, gateway_id, tenant, lease_s[, prefix]); prefix: None, the text or
+# the token ids the session starts holding (``SessionOps.open_session``)
+OpenArgs = tuple
 TurnArgs = tuple  # (session_id, text | None, token_ids | None, SamplingParams)
 
 
@@ -434,6 +437,23 @@ class CheckpointStats:
 
 
 @dataclass(frozen=True, slots=True)
+class StateCacheStats:
+    """A replica's cache of states at turn boundaries; all 0 with the cache off.
+    ``block_hashes``: chained hashes (``replica.prefix_hashes``) of the cached token sequences'
+    whole blocks of ``block_tokens``, capped in number, which placement compares an open's
+    prefix with."""
+
+    cached_states: int = 0
+    max_cached_states: int = 0
+    hits_total: int = 0  # opens with a prefix that started from a cached state
+    misses_total: int = 0  # opens with a prefix that found none
+    evictions_total: int = 0
+    reused_tokens_total: int = 0  # prefix tokens taken from cached states, never prefilled
+    block_tokens: int = 0
+    block_hashes: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
 class PoolSnapshot:
     """A consistent view of one replica's pools, taken between engine steps. Cheap to pickle."""
 
@@ -450,6 +470,7 @@ class PoolSnapshot:
     sessions_released_total: dict[str, int] = field(default_factory=dict)
     parking: ParkingStats = field(default_factory=ParkingStats)
     checkpoints: CheckpointStats = field(default_factory=CheckpointStats)
+    state_cache: StateCacheStats = field(default_factory=StateCacheStats)
 
     def pool(self, name: str) -> PoolStats:
         for stats in self.pools:

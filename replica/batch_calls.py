@@ -18,12 +18,16 @@ if TYPE_CHECKING:
 
 
 def open_batch(engine: Engine, requests: list[OpenArgs]) -> OpenedBatch:
-    """Open each session (``lease_s`` > 0: a stream holds it open from the start); the snapshot
-    is taken after the last, so it counts every one of them."""
+    """Open each session (``lease_s`` > 0: a stream holds it open from the start; a prefix
+    text is tokenized as turn text is); the snapshot is taken after the last, so it counts every
+    one of them."""
     results: list[SessionInfo | ActorError] = []
-    for session_id, idle_timeout_s, gateway_id, tenant, lease_s in requests:
+    for session_id, idle_timeout_s, gateway_id, tenant, lease_s, *rest in requests:
+        prefix = rest[0] if rest else None
         try:
-            info = engine.open_session(session_id, idle_timeout_s, tenant, gateway_id)
+            if isinstance(prefix, str):
+                prefix = engine.tokenizer.encode(prefix)
+            info = engine.open_session(session_id, idle_timeout_s, tenant, gateway_id, prefix)
         except ReplicaError as exc:
             results.append(exc.to_actor_error())
             continue

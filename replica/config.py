@@ -50,6 +50,12 @@ class PoolConfig:
         "KV token slots in host memory for parked sessions "
         "(0: --max-parked-sessions times the KV share of one GPU session)",
     )
+    max_cached_states: int = setting(
+        -1,
+        "states at turn boundaries one replica keeps for new sessions whose prefix begins with "
+        "them, in free pool room, evicted least recently used whenever room is needed "
+        "(-1: --max-sessions; 0: no cache)",
+    )
     state_dtype: str = setting(
         "float32",
         "dtype of the recurrent (conv and SSM) state in the pools, parked, moved and "
@@ -82,6 +88,8 @@ class PoolConfig:
             )
         if self.max_parked_sessions < 0:
             raise ValueError(f"max_parked_sessions must be >= 0, got {self.max_parked_sessions}")
+        if self.max_cached_states < -1:
+            raise ValueError(f"max_cached_states must be >= -1, got {self.max_cached_states}")
         if self.host_kv_tokens < 0:
             raise ValueError(f"host_kv_tokens must be >= 0, got {self.host_kv_tokens}")
         if self.max_parked_sessions and 0 < self.host_kv_tokens < self.page_size:
@@ -110,6 +118,11 @@ class PoolConfig:
     def mamba_slots_per_seq(self) -> int:
         """Mamba slots a request or an idle session holds: its state plus the track buffer."""
         return 1 + self.mamba_track_buffers
+
+    @property
+    def cached_states(self) -> int:
+        """How many turn-boundary states the replica may cache (``max_cached_states``)."""
+        return self.max_sessions if self.max_cached_states < 0 else self.max_cached_states
 
     @property
     def mamba_slots(self) -> int:

@@ -45,6 +45,23 @@ def tls_credentials(
     return grpc.ssl_channel_credentials(read(ca_file), read(key_file), read(cert_file))
 
 
+def open_request(
+    idle_timeout_s: float = 0.0,
+    prefix_text: str | None = None,
+    prefix_tokens: Iterable[int] | None = None,
+) -> pb.OpenSessionRequest:
+    """An open; with a prefix (text or token ids, not both) the session starts holding it, from
+    the longest state the replica has cached that begins it (``Session.cached_tokens``)."""
+    if prefix_text is not None and prefix_tokens is not None:
+        raise ValueError("give prefix_text or prefix_tokens, not both")
+    request = pb.OpenSessionRequest(idle_timeout_s=idle_timeout_s)
+    if prefix_text is not None:
+        request.prefix_text = prefix_text
+    elif prefix_tokens is not None:
+        request.prefix_tokens.ids.extend(prefix_tokens)
+    return request
+
+
 def generate_request(
     session_id: str = "",
     text: str | None = None,
@@ -116,9 +133,15 @@ class _Stubs:
 
 
 class SessionClient(_Stubs):
-    def open(self, idle_timeout_s: float = 0.0, timeout: float | None = None) -> Session:
+    def open(
+        self,
+        idle_timeout_s: float = 0.0,
+        timeout: float | None = None,
+        prefix_text: str | None = None,
+        prefix_tokens: Iterable[int] | None = None,
+    ) -> Session:
         msg = self.sessions.OpenSession(
-            pb.OpenSessionRequest(idle_timeout_s=idle_timeout_s),
+            open_request(idle_timeout_s, prefix_text, prefix_tokens),
             metadata=self.metadata,
             timeout=timeout,
         )
@@ -177,6 +200,8 @@ class Session:
         self.client = client
         self.id = msg.session_id
         self.replica_id = msg.replica_id
+        self.committed_tokens = msg.committed_tokens  # at the open
+        self.cached_tokens = msg.cached_tokens  # of its prefix, from a cached state
 
     def generate(self, text: str | None = None, tokens=None, **kw) -> Iterator[pb.GenerateChunk]:
         return self.client.generate(self.id, text, tokens, **kw)
@@ -208,9 +233,15 @@ class AsyncSessionClient(_Stubs):
 
     grpc_kind = grpc.aio
 
-    async def open(self, idle_timeout_s: float = 0.0, timeout: float | None = None) -> pb.Session:
+    async def open(
+        self,
+        idle_timeout_s: float = 0.0,
+        timeout: float | None = None,
+        prefix_text: str | None = None,
+        prefix_tokens: Iterable[int] | None = None,
+    ) -> pb.Session:
         return await self.sessions.OpenSession(
-            pb.OpenSessionRequest(idle_timeout_s=idle_timeout_s),
+            open_request(idle_timeout_s, prefix_text, prefix_tokens),
             metadata=self.metadata,
             timeout=timeout,
         )

@@ -142,7 +142,9 @@ def test_max_batch_tokens_bounds_each_step():
 @pytest.mark.parametrize("during", ["decode", "prefill"])
 def test_cancel_rolls_back_with_track_buffer(track, page_size, during):
     a, b, c = token_ids(20, 1), token_ids(45, 2), token_ids(7, 3)
-    engine = make_engine(pools(page_size=page_size, mamba_track_buffers=track), max_prefill_chunk=8)
+    # no cached states: the KV tail must come back free, not be kept by a state cached mid-turn
+    sizes = pools(page_size=page_size, mamba_track_buffers=track, max_cached_states=0)
+    engine = make_engine(sizes, max_prefill_chunk=8)
     engine.open_session("ref")
     engine.open_session("x")
     o1_ref, _, committed = run_turn(engine, "ref", a, greedy(9))

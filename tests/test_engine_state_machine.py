@@ -4,9 +4,14 @@ Random sequences of open (the replica caps a longer idle timeout), turns (genera
 empty, on busy or closed sessions, overflowing the context), engine steps (KV reserved at
 admission, chunked prefill, decode, stop tokens), interrupt and cancel (waiting, in prefill, in
 decode), close (also during a turn, as the engine does it), idle timeouts and a KV pool too small
-for some turns. ``tests/support/engine_model.py`` decides what each must do; after every rule and
-every engine step the allocators and the snapshot show exactly its counts, the strict invariant
-holds and committed tokens and counters match. A release that leaks KV pages must be caught.
+for some turns, with the cache of states at turn boundaries on or off (states cached as turns
+fold their input and end, evicted for every open and admission that needs room; opens with a
+prefix). ``tests/support/engine_model.py`` decides what each must do; after every rule and every
+engine step the allocators and the snapshot show exactly its counts (what the model counts free
+is free or cached, never more than the cache's bound, and never a reason to refuse a turn), the
+strict invariant holds (every page's reference count is its holders', cached states included),
+committed tokens and counters match, and once everything is closed and the cached states are
+evicted every pool is at capacity. A release that leaks KV pages must be caught.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from hypothesis.stateful import (
 from replica.api import (
     FinishReason,
     PoolExhaustedError,
+    PoolStats,
     ReleaseReason,
     SamplingParams,
     StatusCode,
@@ -42,6 +48,7 @@ VOCAB = 384  # tiny-bamba
 STOP_TOKENS = tuple(range(0, VOCAB, 8))  # about one sampled token in eight stops a turn
 MAX_SESSIONS, MAX_CONTEXT, DEFAULT_TIMEOUT_S = 3, 64, 30.0
 MAX_DRAIN_STEPS = 400
+PREFIX_TOKEN = VOCAB - 1  # begins every prefix of an open, and no turn's input
 
 
 def make_machine(failpoints: frozenset[str] = frozenset()):
@@ -51,8 +58,9 @@ def make_machine(failpoints: frozenset[str] = frozenset()):
             track=st.integers(0, 2),
             kv_tokens=st.sampled_from([48, 128]),
             initial=st.lists(st.sampled_from([0.0, 5.0, 60.0]), min_size=1, max_size=3),
+            max_cached=st.sampled_from([0, 4]),
         )
-        def build(self, page_size, track, kv_tokens, initial):
+        def build(self, page_size, track, kv_tokens, initial, max_cached):
             self.cap = Capacity(MAX_SESSIONS, track, kv_tokens, page_size)
             pools = PoolConfig(
                 max_sessions=MAX_SESSIONS,
@@ -60,7 +68,9 @@ def make_machine(failpoints: frozenset[str] = frozenset()):
                 page_size=page_size,
                 mamba_track_buffers=track,
                 max_context=MAX_CONTEXT,
+                max_cached_states=max_cached,
             )
+            self.max_cached = max_cached
             self.clock = FakeClock()
             self.engine = make_engine(
                 pools,
@@ -103,9 +113,26 @@ def make_machine(failpoints: frozenset[str] = frozenset()):
                 with pytest.raises(PoolExhaustedError):
                     self.engine.open_session(sid, timeout_s)
 
+        @rule(n=st.integers(0, 40))
+        def open_with_prefix(self, n):
+            """A prefix that no cached state begins (its first token is one no turn uses): the
+            session starts cold, holding it all as pending tokens."""
+            sid = f"s{len(self.known)}"
+            self.known.append(sid)
+            prefix = [PREFIX_TOKEN, len(self.known) % PREFIX_TOKEN, *range(n)][: n + 2]
+            if len(self.model.sessions) < MAX_SESSIONS:
+                info = self.engine.open_session(sid, prefix_ids=prefix)
+                assert (info.cached_tokens, info.committed_tokens) == (0, len(prefix))
+                self.model.add(sid, info.idle_timeout_s, self.clock.now)
+                s = self.model.sessions[sid]
+                s.committed, s.pending = len(prefix), tuple(prefix)
+            else:
+                with pytest.raises(PoolExhaustedError):
+                    self.engine.open_session(sid, prefix_ids=prefix)
+
         def submit(self, data, n_input: int, max_new: int, stop: bool, seed: int) -> None:
             sid = data.draw(st.sampled_from(self.model.with_turn(False)))
-            ids = [(seed * 7 + i * 13) % VOCAB for i in range(n_input)]
+            ids = [(seed * 7 + i * 13) % PREFIX_TOKEN for i in range(n_input)]
             sampling = SamplingParams(
                 max_new, temperature=1.0, seed=seed, stop_token_ids=STOP_TOKENS if stop else ()
             )
@@ -227,7 +254,7 @@ def make_machine(failpoints: frozenset[str] = frozenset()):
                 return  # before ``build``
             model, engine = self.model, self.engine
             snap = engine.snapshot()
-            check_pools(engine.pool, snap, model.expected_pools())
+            check_pools(engine.pool, snap, self.with_cached(model.expected_pools(), snap))
             counts = (snap.open_sessions, snap.running_requests, snap.waiting_requests)
             assert counts == (len(model.sessions), len(model.running()), len(model.waiting))
             engine.check_invariant()
@@ -236,12 +263,26 @@ def make_machine(failpoints: frozenset[str] = frozenset()):
             assert engine.sessions.opened_total == model.opened
             assert +engine.sessions.released_total == +model.released
 
+        def with_cached(self, want: dict[str, PoolStats], snap) -> dict[str, PoolStats]:
+            """The model's counts, with what cached states hold taken out of its free ones."""
+            assert snap.pool("mamba").cached == snap.state_cache.cached_states <= self.max_cached
+            out = {}
+            for name, w in want.items():
+                cached = snap.pool(name).cached
+                out[name] = PoolStats(
+                    name, w.capacity, w.free - cached, w.in_use, w.session_held, cached
+                )
+            return out
+
         def teardown(self):
             if not hasattr(self, "model"):
                 return
             for sid in list(self.model.sessions):
                 self.close_session(sid)
             self.matches_the_model()
+            self.engine.sessions.cache.clear()
+            for stats in self.engine.check_invariant().pools:
+                assert stats.free == stats.capacity, stats.describe()
 
     return EngineMachine
 

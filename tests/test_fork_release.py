@@ -33,7 +33,14 @@ FAMILY = ("p", "c1", "c2", "g")  # g is a fork of c1
 
 def family(page_size: int):
     eng = make_engine(
-        PoolConfig(max_sessions=6, kv_tokens=512, max_context=128, page_size=page_size)
+        # no cached states: the test counts the pages forks share
+        PoolConfig(
+            max_sessions=6,
+            kv_tokens=512,
+            max_context=128,
+            page_size=page_size,
+            max_cached_states=0,
+        )
     )
     eng.open_session("p")
     run_turn(eng, "p", token_ids(37, 1), greedy(4))
@@ -64,7 +71,10 @@ def test_release_in_any_order_frees_every_page(page_size, order):
 
 
 def test_refused_forks_take_nothing():
-    eng = make_engine(PoolConfig(max_sessions=2, kv_tokens=256, max_context=128, page_size=16))
+    sizes = PoolConfig(
+        max_sessions=2, kv_tokens=256, max_context=128, page_size=16, max_cached_states=0
+    )  # no cached states: a refused fork must leave every count as it was
+    eng = make_engine(sizes)
     eng.open_session("p")
     run_turn(eng, "p", token_ids(20, 3), greedy(2))
     before = eng.check_invariant().pools

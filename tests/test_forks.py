@@ -33,6 +33,7 @@ def pools(page_size: int, parked: int = 0) -> PoolConfig:
         page_size=page_size,
         max_parked_sessions=parked,
         host_kv_tokens=1024 if parked else 0,
+        max_cached_states=0,  # these tests count the pages forks share: no cached state shares
     )
 
 

@@ -35,6 +35,10 @@ CLUSTER_FAMILIES = {
     "session_router_checkpoints_written_total": "counter",
     "session_router_checkpoint_bytes_written_total": "counter",
     "session_router_checkpoint_bytes": "gauge",
+    "session_router_cached_states": "gauge",
+    "session_router_state_cache_lookups_total": "counter",
+    "session_router_state_cache_evictions_total": "counter",
+    "session_router_state_cache_reused_tokens_total": "counter",
 }
 GATEWAY_FAMILIES = {
     "session_router_rpc_requests_total": "counter",
@@ -133,6 +137,22 @@ def test_migration_and_checkpoint_metrics_come_from_the_views(exposition):
     assert select(
         samples, "session_router_pool_slots", replica="replica-a", pool="checkpoints"
     ) == [10, 0, 8, 0]
+
+
+def test_state_cache_metrics_come_from_the_snapshots(exposition):
+    """Cached states, lookups by result, evictions and reused prefix tokens, per live replica
+    with a snapshot (a replica without a cache exports zeros)."""
+    samples = parse_samples(exposition)
+    assert select(samples, "session_router_cached_states", replica="replica-a") == [2]
+    assert select(samples, "session_router_cached_states", replica="replica-b") == [0]
+    lookups = "session_router_state_cache_lookups_total"
+    assert select(samples, lookups, replica="replica-a", result="hit") == [5]
+    assert select(samples, lookups, replica="replica-a", result="miss") == [3]
+    assert select(samples, "session_router_state_cache_evictions_total", replica="replica-a") == [1]
+    assert select(
+        samples, "session_router_state_cache_reused_tokens_total", replica="replica-a"
+    ) == [4000]
+    assert select(samples, "session_router_cached_states", replica="replica-c") == []  # dead
 
 
 def test_parking_metrics_come_from_the_snapshots(exposition):

@@ -11,16 +11,22 @@ during a turn: deferred to the turn's end), fork (an idle, parked or running ses
 pages shared, the child born parked or parking others when the GPU is full), double close,
 misuse (turns on closed or busy sessions, a second open of one id, forks of closed sessions and
 onto an open id), time passing (idle timeouts, parked sessions included) and
-parking the sessions idle for a while. The model alone decides what fits, what is refused,
-where each session lives and which ones are parked to make room.
+parking the sessions idle for a while; with the cache of states at turn boundaries on, states
+cached when a turn's input is folded in and when a turn ends, opens with a prefix (starting
+from the longest cached state that begins it, the rest pending) and evictions whenever room is
+needed, interleaved with all of the above. The model alone decides what fits, what is refused,
+where each session lives, which ones are parked to make room and which cached states are
+evicted.
 
 After every step: every pool (GPU and host) counts exactly what the model says, in the
 allocators' own free counts and in the snapshot, with 0 leaked; the allocators' free lists are
 sound; every idle session's state, read from wherever it lives, holds the values the model
-remembers, bit for bit; the open/release counters match. After closing everything every pool is
-at capacity. Sizes are drawn per example (page size 1 or 16, 0-2 track buffers, 1-4 GPU
-sessions, 0-4 parked, KV pools of several sizes); the machine runs for both shapes of recurrent
-state (Mamba2, gated DeltaNet). A run with the seed's bug switched on must fail.
+remembers, bit for bit, and so does every cached state (in the model's LRU order); the
+open/release counters match. After closing everything only cached states hold anything, and once
+they are evicted every pool is at capacity. Sizes are drawn per example (page size 1 or 16, 0-2
+track buffers, 1-4 GPU sessions, 0-4 parked, KV pools of several sizes, 0, 1 or 4 cached
+states); the machine runs for both shapes of recurrent state (Mamba2, gated DeltaNet). A run
+with the seed's bug switched on must fail.
 """
 
 from __future__ import annotations
@@ -74,8 +80,11 @@ def make_machine(state_model: ModelConfig = TINY_MODEL, failpoints: frozenset[st
             kv_tokens=st.sampled_from([64, 96]),
             max_parked=st.sampled_from([0, 2, 4]),
             host_kv_tokens=st.sampled_from([64, 96]),
+            max_cached=st.sampled_from([0, 1, 4, 4]),
         )
-        def build(self, page, track, max_sessions, kv_tokens, max_parked, host_kv_tokens):
+        def build(
+            self, page, track, max_sessions, kv_tokens, max_parked, host_kv_tokens, max_cached
+        ):
             self.pool, self.sessions, self.clock = make_pools(
                 max_sessions=max_sessions,
                 kv_tokens=kv_tokens,
@@ -87,9 +96,11 @@ def make_machine(state_model: ModelConfig = TINY_MODEL, failpoints: frozenset[st
                 host_kv_tokens=host_kv_tokens,
                 failpoints=failpoints,
                 model=state_model,
+                max_cached_states=max_cached,
             )
             cap = Capacity(max_sessions, track, kv_tokens, page)
-            self.m = SessionModel(cap, max_parked, max(1, host_kv_tokens // page))
+            host_pages = max(1, host_kv_tokens // page)
+            self.m = SessionModel(cap, max_parked, host_pages, max_cached=max_cached)
             self.opened, self.released = 0, Counter()
             self.known: list[str] = []  # every id ever opened or refused
             self.ids, self.ticks, self.values = (itertools.count(1) for _ in range(3))
@@ -117,10 +128,49 @@ def make_machine(state_model: ModelConfig = TINY_MODEL, failpoints: frozenset[st
             )
             self.opened += 1
 
+        @rule(data=st.data(), extra=st.integers(0, 6))
+        def open_with_prefix(self, data, extra):
+            """Open with a prefix: a cached key, a session's tokens (or nothing), and ``extra``
+            more tokens."""
+            keys = {e.key for e in self.m.cache} | {m.tokens for m in self.m.sessions.values()}
+            base = data.draw(st.sampled_from(sorted(keys | {()})))
+            self.open_from((*base, *([5] * extra))[:MAX_CONTEXT])
+
+        def open_from(self, prefix: tuple[int, ...]) -> None:
+            sid = f"s{next(self.ids)}"
+            self.known.append(sid)
+            placed = self.m.place_new()
+            if placed is None:
+                with pytest.raises(PoolExhaustedError, match="replica is full"):
+                    self.sessions.open(sid, prefix_ids=prefix)
+                return
+            victims, born_parked = placed
+            self.sessions.open(sid, prefix_ids=prefix)
+            self.m.park(victims)
+            m = self.m.sessions[sid] = ModelSession(
+                DEFAULT_TIMEOUT_S, self.clock.now, next(self.ticks), parked=born_parked
+            )
+            entry = self.m.lookup(prefix) if prefix and not born_parked else None
+            page = self.m.cap.page_size
+            partial = page if entry is not None and len(entry.key) % page else 0
+            if entry is not None and self.m.evict_until(0, partial, keep=entry):
+                whole = len(entry.key) // page
+                m.pages = entry.pages[:whole] + self.m.fresh_pages(1 if partial else 0)
+                m.committed, m.tokens = len(entry.key), entry.key
+                m.marker, m.kv = entry.marker, dict(entry.kv)
+            elif not born_parked:  # a fresh session holds no KV yet
+                m.pages = []
+            m.pending_ids = prefix[m.committed :]
+            m.pending = len(m.pending_ids)
+            assert self.sessions.get(sid).cached_tokens == m.committed
+            self.opened += 1
+
         @precondition(lambda self: self.m.idle())
         @rule(data=st.data(), n_input=st.integers(0, 24), new=st.integers(0, 8))
         def start_turn(self, data, n_input, new):
-            sid = data.draw(st.sampled_from(self.m.idle()))
+            self.start(data.draw(st.sampled_from(self.m.idle())), n_input, new)
+
+        def start(self, sid: str, n_input: int, new: int) -> None:
             m = self.m.sessions[sid]
             target = m.committed + m.pending + n_input + max(0, new - 1)
             if target > MAX_CONTEXT:
@@ -140,11 +190,12 @@ def make_machine(state_model: ModelConfig = TINY_MODEL, failpoints: frozenset[st
             m.pages += self.m.fresh_pages(self.m.cap.pages(target) - len(m.pages))
             req = Req(sid, [7] * n_input)
             self.sessions.restore_to_req(req)
+            assert tuple(req.input_ids) == (*m.pending_ids, *([7] * n_input))
             self.pool.kv_pool.extend(
                 self.pool.req_to_token, req.seq.req_pool_idx, req.kv_len, target
             )
             req.kv_len = target
-            m.turn = Turn(req, target, produced=m.pending + n_input)
+            m.turn = Turn(req, target, produced=m.pending + n_input, seq=tuple(req.input_ids))
 
         @precondition(lambda self: any(not m.closing for m in self.m.sessions.values()))
         @rule(data=st.data())
@@ -177,6 +228,8 @@ def make_machine(state_model: ModelConfig = TINY_MODEL, failpoints: frozenset[st
                 marker=p.marker,
                 kv=dict(p.kv),
                 pages=[] if born_parked else self.m.fork_pages(parent),
+                tokens=p.tokens,
+                pending_ids=p.pending_ids,
             )
             self.opened += 1
 
@@ -209,7 +262,9 @@ def make_machine(state_model: ModelConfig = TINY_MODEL, failpoints: frozenset[st
         def fold(self, data, n, sample):
             """Fold ``n`` positions: the turn's input first, then tokens it generated (one more
             sampled token, not folded yet, when ``sample``)."""
-            sid = data.draw(st.sampled_from(self.m.running()))
+            self.fold_turn(data.draw(st.sampled_from(self.m.running())), n, sample)
+
+        def fold_turn(self, sid: str, n: int, sample: bool) -> None:
             turn = self.m.sessions[sid].turn
             req = turn.req
             n = min(n, turn.target - req.folded_len)
@@ -219,6 +274,7 @@ def make_machine(state_model: ModelConfig = TINY_MODEL, failpoints: frozenset[st
             if generate > 0:
                 req.output_ids.extend([9] * generate)
                 turn.produced += generate
+                turn.seq += (9,) * generate
             marker = float(next(self.values))
             mamba = self.pool.mamba_pool
             mamba.conv_all[:, req.seq.mamba_pool_idx] = marker
@@ -233,17 +289,39 @@ def make_machine(state_model: ModelConfig = TINY_MODEL, failpoints: frozenset[st
             req.folded_len += n
             turn.marker = marker
 
+        @precondition(lambda self: any(self.input_folded_turns()))
+        @rule(data=st.data())
+        def cache_at_input_boundary(self, data):
+            """A turn whose input is all folded in, none of its output: its state is cached."""
+            self.cache_input_of(data.draw(st.sampled_from(self.input_folded_turns())))
+
+        def cache_input_of(self, sid: str) -> None:
+            m = self.m.sessions[sid]
+            turn = m.turn
+            marker = m.marker if turn.marker is None else turn.marker
+            key = (*m.tokens, *turn.req.input_ids)
+            self.m.keep(key, m.pages, marker, {**m.kv, **turn.kv})
+            self.sessions.input_folded(turn.req)
+
+        def input_folded_turns(self) -> list[str]:
+            if not hasattr(self, "m"):
+                return []
+            running = [(s, self.m.sessions[s].turn.req) for s in self.m.running()]
+            return [s for s, req in running if req.turn_folded == len(req.input_ids)]
+
         def finish(self, sid: str, commit: bool) -> None:
             m = self.m.sessions[sid]
             turn, m.turn = m.turn, None
             req = turn.req
             if commit or not self.m.cap.track:
-                self.sessions.save_from_req(req)
                 folded = req.folded_len - m.committed
                 m.pending = turn.produced - folded
                 m.committed = req.folded_len
                 m.kv.update(turn.kv)
                 m.marker = m.marker if turn.marker is None else turn.marker
+                m.tokens, m.pending_ids = (*m.tokens, *turn.seq[:folded]), turn.seq[folded:]
+                self.m.keep(m.tokens, m.pages, m.marker, m.kv)
+                self.sessions.save_from_req(req)
             else:
                 self.sessions.rollback(req)
             assert req.seq is None, "the ended turn still owns slots"
@@ -253,6 +331,33 @@ def make_machine(state_model: ModelConfig = TINY_MODEL, failpoints: frozenset[st
             if m.closing:
                 self.forget(sid, m.closing)
                 assert sid not in self.sessions.sessions
+
+        @precondition(lambda self: self.m.max_cached and self.m.idle())
+        @rule(
+            data=st.data(),
+            n_input=st.integers(1, 20),
+            new=st.integers(1, 6),
+            extra=st.integers(0, 3),
+            close=st.booleans(),
+        )
+        def turn_then_open_from_it(self, data, n_input, new, extra, close):
+            """A whole turn (input folded and cached, tokens generated, committed and cached),
+            then (after closing the session, whose pages the cache keeps, when ``close``) a new
+            session opened from a prefix that begins with what it folded in."""
+            sid = data.draw(st.sampled_from(self.m.idle()))
+            m = self.m.sessions[sid]
+            self.start(sid, n_input, new)
+            if m.turn is None:
+                return  # no room for it now
+            self.fold_turn(sid, m.pending + n_input, sample=True)
+            self.cache_input_of(sid)
+            self.fold_turn(sid, new - 1, sample=True)
+            self.finish(sid, commit=True)
+            if sid in self.m.sessions:
+                cut = max(0, len(m.tokens) - data.draw(st.integers(0, 3)))
+                if close:
+                    self.close_session(sid)
+                self.open_from((*m.tokens[:cut], *([5] * extra))[:MAX_CONTEXT])
 
         @precondition(lambda self: self.m.running())
         @rule(data=st.data(), commit=st.booleans())
@@ -310,6 +415,7 @@ def make_machine(state_model: ModelConfig = TINY_MODEL, failpoints: frozenset[st
             for sid in self.m.idle():
                 m, slot = self.m.sessions[sid], self.sessions.sessions[sid]
                 assert (slot.committed_len, len(slot.pending_ids)) == (m.committed, m.pending)
+                assert (slot.folded_ids, slot.pending_ids) == (m.tokens, m.pending_ids)
                 state = read_state(self.sessions, sid)
                 assert torch.all(state["conv"] == m.marker) and torch.all(state["ssm"] == m.marker)
                 want = torch.tensor([m.kv[p] for p in range(m.committed)])
@@ -318,6 +424,23 @@ def make_machine(state_model: ModelConfig = TINY_MODEL, failpoints: frozenset[st
                 assert torch.equal(state["v"], -want), sid
             assert self.sessions.opened_total == self.opened
             assert +self.sessions.released_total == +self.released
+            self.cached_states_match_the_model()
+
+        def cached_states_match_the_model(self):
+            cache = self.sessions.cache
+            assert [e.key for e in self.m.cache] == list(cache.entries)
+            assert cache.evictions_total == self.m.evictions
+            mamba, kv = self.pool.mamba_pool, self.pool.kv_pool
+            for want in self.m.cache:
+                entry = cache.entries[want.key]
+                assert torch.all(mamba.conv_all[:, entry.mamba_idx] == want.marker)
+                assert torch.all(mamba.ssm_all[:, entry.mamba_idx] == want.marker)
+                positions = torch.arange(len(want.key))
+                slots = entry.pages[positions // kv.page_size] * kv.page_size
+                slots += positions % kv.page_size
+                values = torch.tensor([want.kv[p] for p in range(len(want.key))])
+                got = kv.k_all[:, slots.to(kv.k_all.device)].to("cpu")
+                assert torch.equal(got, values[None, :, None, None].expand_as(got)), want.key
 
         def teardown(self):
             if not hasattr(self, "m"):
@@ -329,6 +452,11 @@ def make_machine(state_model: ModelConfig = TINY_MODEL, failpoints: frozenset[st
                 self.finish(sid, commit=False)
             assert not self.m.sessions
             self.pools_match_the_model()
+            self.sessions.cache.clear()
+            self.m.evictions += len(self.m.cache)
+            self.m.cache.clear()
+            self.pools_match_the_model()
+            assert all(s.free == s.capacity for s in snapshot(self.pool, self.sessions).pools)
 
     return SessionMachine
 

@@ -240,6 +240,7 @@ class Engine(SessionOps):
             sessions_released_total=dict(self.sessions.released_total),
             parking=self.sessions.residency.stats(),
             checkpoints=checkpoints,
+            state_cache=self.sessions.cache.stats(),
         )
 
     def check_invariant(self) -> PoolSnapshot:

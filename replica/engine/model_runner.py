@@ -20,6 +20,7 @@ class ModelRunner:
         self.pool = pool
         self.buffers = pool.buffers
         self.device = pool.req_to_token.device
+        self.prefilled_tokens = 0  # input tokens folded in by extend_batch, all turns so far
 
     def extend_batch(self, chunks: list[tuple[Req, int]]) -> torch.Tensor:
         """Fold the next ``n`` input tokens of each ``(req, n)`` in one forward; logits of each
@@ -34,6 +35,7 @@ class ModelRunner:
         logits = self.model.forward_extend_batch(ids, starts, mamba, kv_slots, self.buffers)
         for req, n in chunks:
             req.folded_len += n
+        self.prefilled_tokens += sum(n for _, n in chunks)
         return logits
 
     def decode(self, reqs: list[Req]) -> torch.Tensor:

@@ -6,10 +6,17 @@ They run on the engine thread, between steps, like every engine method.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
-from replica.api import ReleaseReason, ReplicaDrainingError, SessionInfo, SessionMovingError
+from replica.api import (
+    ContextOverflowError,
+    InvalidRequestError,
+    ReleaseReason,
+    ReplicaDrainingError,
+    SessionInfo,
+    SessionMovingError,
+)
 from replica.checkpoints.log import CheckpointBatch, CheckpointLog
 from replica.config import ReplicaConfig
 from replica.sessions.session import SessionSlot, StreamingSession
@@ -22,6 +29,7 @@ if TYPE_CHECKING:
 
 class SessionOps:
     config: ReplicaConfig
+    model_config: Any
     replica_id: str
     sessions: StreamingSession
     scheduler: Scheduler
@@ -39,14 +47,34 @@ class SessionOps:
         idle_timeout_s: float = 0.0,
         tenant: str = "",
         gateway_id: str = "",
+        prefix_ids: Sequence[int] | None = None,
     ) -> SessionInfo:
         """Open a session (its slots are reserved now); the idle timeout is capped by the
-        replica's. ``gateway_id`` is where its turn events go until a turn says otherwise."""
+        replica's. ``gateway_id`` is where its turn events go until a turn says otherwise.
+        ``prefix_ids``: the session starts holding them (``committed_tokens``), from the longest
+        cached state that begins them (``cached_tokens``); ids outside the vocabulary are
+        ``InvalidRequestError``, a prefix longer than the context ``ContextOverflowError``."""
         if self.draining:
             raise ReplicaDrainingError(f"replica {self.replica_id} is draining")
+        if prefix_ids is not None:
+            self.check_prefix(prefix_ids)
         cap = self.config.session_idle_timeout_s
         timeout = min(idle_timeout_s, cap) if idle_timeout_s > 0 else cap
-        return self.info(self.sessions.open(session_id, timeout, tenant, gateway_id))
+        prefix = None if prefix_ids is None else tuple(prefix_ids)
+        return self.info(self.sessions.open(session_id, timeout, tenant, gateway_id, prefix))
+
+    def check_prefix(self, prefix_ids: Sequence[int]) -> None:
+        vocab, limit = self.model_config.vocab_size, self.config.pools.max_context
+        bad = [t for t in prefix_ids if not (type(t) is int and 0 <= t < vocab)]
+        if bad:
+            raise InvalidRequestError(
+                f"prefix token ids {bad[:8]} are outside the vocabulary 0..{vocab - 1}"
+            )
+        if len(prefix_ids) > limit:
+            raise ContextOverflowError(
+                f"the prefix has {len(prefix_ids)} tokens, more than the context of {limit}; "
+                "shorten it"
+            )
 
     def fork_session(self, parent_id: str, child_id: str, gateway_id: str = "") -> SessionInfo:
         """Open ``child_id`` with ``parent_id``'s committed state (a turn running on the parent
@@ -74,6 +102,7 @@ class SessionOps:
             self.scheduler.find(slot.session_id)[0] is not None,
             slot.idle_timeout_s,
             slot.parked,
+            slot.cached_tokens,
         )
 
     def session_info(self, session_id: str) -> SessionInfo:

@@ -77,8 +77,10 @@ class TurnOutputs:
                 self.fail(req, StatusCode.INTERNAL, f"sampling the next token failed: {exc}")
 
     def start(self, req: Req) -> None:
-        """The turn's input is folded in: it samples from now on (seeded here)."""
+        """The turn's input is folded in: it samples from now on (seeded here); the state
+        is cached at this boundary."""
         self.generators[req.rid] = make_generator(req)
+        self.sessions.input_folded(req)
 
     def accept(self, req: Req, token: int) -> None:
         """Take the token sampled for a running turn; ends the turn (STOP) at the model's EOS

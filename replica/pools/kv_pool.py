@@ -144,6 +144,43 @@ class KVTokenPool:
             req_to_token[dst_row, :whole] = req_to_token[src_row, :whole]
         return partial
 
+    def hold_prefix(self, req_to_token: torch.Tensor, row: int, length: int) -> torch.Tensor:
+        """The KV of ``row``'s positions ``0..length-1`` for a holder that is not a row (a cached
+        state): its whole pages shared, its last partial page (if any) copied into a fresh page
+        of the holder's own (the row goes on writing that one). Returns the holder's pages in
+        order. All-or-nothing (``PoolExhaustedError`` when no page is free for the copy)."""
+        p = self.page_size
+        fresh = self.page_allocator.alloc(1 if length % p else 0)
+        pages = self.pages_of(req_to_token, row, 0, length)
+        if fresh.numel():
+            self._copy_page(int(pages[-1]), int(fresh[0]), length % p)
+            pages = torch.cat([pages[:-1], fresh])
+        self.page_allocator.share(pages[: length // p])
+        return pages
+
+    def lend_pages(
+        self, req_to_token: torch.Tensor, row: int, pages: torch.Tensor, length: int
+    ) -> None:
+        """Give ``row`` (holding nothing) the KV of positions ``0..length-1`` held in ``pages``
+        (a cached state's): the whole pages shared, the last partial one copied into a fresh
+        page of the row's own, which it will write past. All-or-nothing."""
+        p = self.page_size
+        whole = length // p
+        fresh = self.page_allocator.alloc(1 if length % p else 0)
+        if fresh.numel():
+            self._copy_page(int(pages[whole]), int(fresh[0]), length % p)
+        self.page_allocator.share(pages[:whole])
+        mine = torch.cat([pages[:whole], fresh])
+        positions = torch.arange(length, dtype=torch.int64)
+        slots = mine[positions // p] * p + positions % p
+        req_to_token[row, :length] = slots.to(req_to_token.device, torch.int32)
+
+    def _copy_page(self, src: int, dst: int, used: int) -> None:
+        """Copy the first ``used`` positions of page ``src`` into page ``dst``, every layer."""
+        p = self.page_size
+        for kv in (self.k_all, self.v_all):
+            kv[:, dst * p : dst * p + used] = kv[:, src * p : src * p + used]
+
     def freed_by_release(self, req_to_token: torch.Tensor, row: int, length: int) -> int:
         """Token slots that freeing ``row``'s positions ``0..length-1`` would give back: its
         pages that no other row shares."""

@@ -79,7 +79,7 @@ class Forker:
     ) -> tuple[SeqSlots | None, HostSlots | None]:
         n, page = parent.committed_len, self.kv.page_size
         need = page if n % page else 0
-        fits = self.pool.can_alloc(1) and need <= self.kv.free_tokens
+        fits = self.residency.gpu_fits(1, need)
         if fits or self.residency.make_gpu_room(1, need, keep={parent.session_id}):
             return self._share_on_gpu(parent, state), None
         host = self._host_slots(n)
@@ -112,7 +112,7 @@ class Forker:
         n, src = parent.committed_len, parent.host
         at = Places(_ints([src.mamba_idx]), src.kv_pages)
         tokens = self.kv.held_tokens(n)
-        fits = self.pool.can_alloc(1) and tokens <= self.kv.free_tokens
+        fits = self.residency.gpu_fits(1, tokens)
         if fits or self.residency.make_gpu_room(1, tokens, keep=()):
             seq, held = self.pool.alloc_seqs(1, zeroed=False)[0], 0
             try:

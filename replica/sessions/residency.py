@@ -16,7 +16,9 @@ Policy (the mechanism is ``Parker``):
   parked for it. When no room can be made, the turn waits for running turns to end (or is
   refused when nothing runs).
 - With ``park_after_idle_s``, sessions idle that long are parked in one batch (``park_idle``).
-Without a ``Parker`` (parking off) every session is resident and no room is ever made.
+Without a ``Parker`` (parking off) every session is resident and no room is ever made by parking.
+Cached states (``StateCache``) hold free room only: every path here evicts them first, as far as
+it needs room, before it parks anyone or refuses.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from replica.api import ParkingStats, PoolExhaustedError
 from replica.pools.host_pool import HostSlots
 from replica.pools.hybrid_pool import HybridReqToTokenPool, SeqSlots
 from replica.sessions.parking import Parker
+from replica.sessions.state_cache import StateCache
 
 if TYPE_CHECKING:
     from replica.sessions.slot import SessionSlot
@@ -37,26 +40,36 @@ if TYPE_CHECKING:
 
 class Residency:
     def __init__(
-        self, pool: HybridReqToTokenPool, parker: Parker | None, clock: Callable[[], float]
+        self,
+        pool: HybridReqToTokenPool,
+        parker: Parker | None,
+        clock: Callable[[], float],
+        cache: StateCache,
     ) -> None:
         self.pool = pool
         self.kv = pool.kv_pool
         self.parker = parker
+        self.cache = cache
         self.clock = clock
         self.idle_lru: OrderedDict[str, SessionSlot] = OrderedDict()
         self.parked: dict[str, SessionSlot] = {}
 
     # ----- lifecycle hooks (called by StreamingSession) ------------------------------------
 
+    def gpu_fits(self, seqs: int, kv_tokens: int) -> bool:
+        """Whether ``seqs`` sequences and ``kv_tokens`` KV token slots are free, after evicting
+        cached states as far as that takes (never parking)."""
+        return self.cache.make_room(seqs, kv_tokens)
+
     def can_place_new(self) -> bool:
-        if self.pool.can_alloc(1):
+        if self.gpu_fits(1, 0):
             return True
         return self.parker is not None and self.parker.host.can_hold(1, 0)
 
     def place_new(self) -> tuple[SeqSlots | None, HostSlots | None]:
         """Slots for a new session: GPU slots, or host slots (born parked). Raises
         ``PoolExhaustedError`` when neither the GPU nor the host has room."""
-        if self.pool.can_alloc(1) or self.make_gpu_room(1, 0, keep=()):
+        if self.gpu_fits(1, 0) or self.make_gpu_room(1, 0, keep=()):
             return self.pool.alloc_seqs(1)[0], None
         if self.parker is not None and self.parker.host.can_hold(1, 0):
             return None, self.parker.open_on_host()
@@ -78,8 +91,7 @@ class Residency:
         be), else host slots (it arrives parked). Nothing is zeroed: the import writes it all.
         Raises ``PoolExhaustedError`` when neither has room."""
         tokens = self.kv.held_tokens(committed_len)
-        fits = self.pool.can_alloc(1) and tokens <= self.kv.free_tokens
-        if fits or self.make_gpu_room(1, tokens, keep=()):
+        if self.gpu_fits(1, tokens) or self.make_gpu_room(1, tokens, keep=()):
             seq = self.pool.alloc_seqs(1, zeroed=False)[0]
             self.kv.extend(self.pool.req_to_token, seq.req_pool_idx, 0, committed_len)
             return seq, None
@@ -124,8 +136,11 @@ class Residency:
         it if it is parked, park others if needed. False when the room cannot be made now."""
         if not slot.parked:
             need = self.kv.tokens_needed(slot.committed_len, target)
-            return need <= self.kv.free_tokens or self.make_gpu_room(0, need, {slot.session_id})
+            # a page more if its last page is shared (copied on write): evict for it too
+            self.gpu_fits(0, need + self.kv.page_size)
+            return self.gpu_fits(0, need) or self.make_gpu_room(0, need, {slot.session_id})
         since = time.perf_counter()
+        self.gpu_fits(1, self.kv.held_tokens(target))
         victims = self._victims(1, self.kv.held_tokens(target), keep=())
         if victims is None:
             return False
@@ -143,7 +158,9 @@ class Residency:
     def make_gpu_room(self, seqs: int, kv_tokens: int, keep: Collection[str]) -> bool:
         """Park least recently used idle sessions (none in ``keep``) until ``seqs`` more
         sequences and ``kv_tokens`` more KV token slots fit; False (nothing parked) when that
-        cannot be done."""
+        cannot be done. Cached states are evicted first: they never cause a park."""
+        if self.gpu_fits(seqs, kv_tokens):
+            return True
         victims = self._victims(seqs, kv_tokens, keep)
         if not victims or not self.parker.host_can_hold(victims):
             return False

@@ -10,6 +10,9 @@ A session that moves to another replica is marked ``moving`` from its export unt
 finished: it takes no new turn meanwhile, and ``adopt`` is how an imported session joins.
 ``fork`` opens a session holding another's committed state (``Forker``): KV pages are shared by
 reference count, so a session's release frees only the pages no fork of it still holds.
+States at turn boundaries (the turn's input folded in, and the turn's end) are kept in the
+``StateCache``, keyed by the tokens folded in (``SessionSlot.folded_ids``); ``open`` with a prefix
+starts from the longest cached state that begins it, the rest of the prefix pending.
 
 ``release_session`` frees everything: KV pages, the req row AND the mamba slots (state plus track
 buffer), or a parked session's host slots. It is idempotent. Called while a turn runs, it is
@@ -44,6 +47,7 @@ from replica.sessions.parking import Parker
 from replica.sessions.request import Req
 from replica.sessions.residency import Residency
 from replica.sessions.slot import SessionSlot, StateLocation
+from replica.sessions.state_cache import StateCache
 
 __all__ = ["SessionSlot", "StateLocation", "StreamingSession"]
 
@@ -59,7 +63,8 @@ class StreamingSession:
     ) -> None:
         self.pool = pool
         self.kv = pool.kv_pool
-        self.residency = Residency(pool, parker, clock)
+        self.cache = StateCache(pool, pool.config.cached_states)
+        self.residency = Residency(pool, parker, clock, self.cache)
         copier = (
             parker.copier
             if parker is not None
@@ -88,19 +93,31 @@ class StreamingSession:
         idle_timeout_s: float | None = None,
         tenant: str = "",
         gateway_id: str = "",
+        prefix_ids: tuple[int, ...] | None = None,
     ) -> SessionSlot:
         """Reserve a row and 1 + track-buffer mamba slots, or host slots (``Residency``).
-        Raises ``PoolExhaustedError`` when the replica has no room."""
+        Raises ``PoolExhaustedError`` when the replica has no room. With ``prefix_ids`` (checked
+        by the caller) the session holds them: the longest cached state that begins them (when
+        the session is resident) gives its state, the rest is pending, folded first next turn."""
         if session_id in self.sessions:
             raise InvalidRequestError(f"session {session_id} is already open")
         seq, host = self.residency.place_new()
         timeout = idle_timeout_s or self.default_idle_timeout_s
         slot = SessionSlot(session_id, seq, timeout, self.clock(), tenant, gateway_id, host=host)
+        if prefix_ids is not None:
+            self._start_from_prefix(slot, tuple(prefix_ids))
         self.sessions[session_id] = slot
         self.residency.opened(slot)
         self.opened_total += 1
         self.on_changed([slot])
         return slot
+
+    def _start_from_prefix(self, slot: SessionSlot, prefix: tuple[int, ...]) -> None:
+        entry = self.cache.lookup(prefix) if slot.seq is not None and prefix else None
+        if entry is not None and self.cache.give(entry, slot.req_pool_idx, slot.seq.mamba_pool_idx):
+            slot.committed_len = slot.cached_tokens = len(entry.tokens)
+            slot.folded_ids = entry.tokens
+        slot.pending_ids = prefix[slot.committed_len :]
 
     def adopt(self, meta: SessionMeta, seq: SeqSlots | None, host: HostSlots | None) -> SessionSlot:
         """Join a session imported from another replica into the slots ``seq`` or ``host``
@@ -114,6 +131,7 @@ class StreamingSession:
             committed_len=meta.committed_len,
             pending_ids=tuple(meta.pending_ids),
             host=host,
+            folded_ids=None,  # its tokens stayed where it came from
         )
         self.sessions[meta.session_id] = slot
         self.residency.opened(slot)
@@ -139,6 +157,7 @@ class StreamingSession:
             committed_len=parent.committed_len,
             pending_ids=parent.pending_ids,
             host=host,
+            folded_ids=parent.folded_ids,
         )
         self.sessions[child_id] = slot
         self.residency.opened(slot)
@@ -174,12 +193,24 @@ class StreamingSession:
         slot.turn = req
 
     def save_from_req(self, req: Req) -> SessionSlot:
-        """End a turn: commit what it folded in; unfolded tokens become pending."""
+        """End a turn: commit what it folded in; unfolded tokens become pending. The state it
+        ends with is cached (``StateCache.keep``)."""
         slot = self._turn_slot(req)
         produced = [*req.input_ids, *req.output_ids]
         slot.pending_ids = tuple(produced[req.turn_folded :])
         slot.committed_len = req.folded_len
+        if slot.folded_ids is not None:
+            slot.folded_ids = (*slot.folded_ids, *produced[: req.turn_folded])
+            self.cache.keep(slot.folded_ids, req.slots.req_pool_idx, req.slots.mamba_pool_idx)
         return self._end_turn(slot, req)
+
+    def input_folded(self, req: Req) -> None:
+        """The running turn ``req`` has folded in all its input, none of its output yet: its
+        state is cached, keyed by the session's tokens and the turn's input."""
+        slot = self._turn_slot(req)
+        if slot.folded_ids is not None and req.turn_folded == len(req.input_ids):
+            tokens = (*slot.folded_ids, *req.input_ids)
+            self.cache.keep(tokens, req.slots.req_pool_idx, req.slots.mamba_pool_idx)
 
     def rollback(self, req: Req) -> SessionSlot:
         """End a failed or cancelled turn: back to the checkpoint, or commit what was folded."""

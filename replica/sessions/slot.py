@@ -38,6 +38,10 @@ class SessionSlot:
     gateway_id: str = ""  # the gateway whose stream gets this session's turn events
     committed_len: int = 0  # tokens folded into the state; KV positions 0..committed_len-1
     pending_ids: tuple[int, ...] = ()  # produced tokens not yet folded (fed first next turn)
+    # the tokens folded into the state (committed_len of them), what a cached state of it is
+    # keyed by; None when this replica does not know them (a session imported from another)
+    folded_ids: tuple[int, ...] | None = ()
+    cached_tokens: int = 0  # of its open with a prefix: the prefix tokens a cached state gave
     turn: Req | None = None
     close_reason: ReleaseReason | None = None  # set when a close waits for the turn to end
     host: HostSlots | None = None  # while parked: its state in the host tier

@@ -43,13 +43,16 @@ class ReplicaView:
     call_errors: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def _free(self, pool: str) -> int:
-        """Free slots of ``pool`` in the latest snapshot; 0 without one or without that pool."""
+        """Slots of ``pool`` a new session can take in the latest snapshot: the free ones and
+        those cached states hold (the replica evicts them for any session that needs room); 0
+        without a snapshot or without that pool."""
         if self.snapshot is None:
             return 0
         try:
-            return self.snapshot.pool(pool).free
+            stats = self.snapshot.pool(pool)
         except KeyError:
             return 0
+        return stats.free + stats.cached
 
     @property
     def free_mamba(self) -> int:

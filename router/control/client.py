@@ -57,11 +57,14 @@ class RouterClient:
         session_id: str,
         wait_s: float | None,
         lease_s: float,
+        prefix: str | list[int] | None = None,
         retry: bool = True,
     ) -> Route | ActorError:
         open_ = self.handle.open_session
         return await self._call(
-            lambda: open_.remote(idle_timeout_s, tenant, gateway_id, session_id, wait_s, lease_s),
+            lambda: open_.remote(
+                idle_timeout_s, tenant, gateway_id, session_id, wait_s, lease_s, prefix
+            ),
             retry,
         )
 

@@ -79,10 +79,13 @@ class Opener:
         gateway_id: str,
         wait_s: float | None,
         lease_s: float,
+        prefix: str | list[int] | None = None,
     ) -> Route | ActorError:
-        """Place the session ``session_id``; waits for room up to ``open_timeout_s`` or
-        ``wait_s``, whichever is shorter. A retry while it runs gets the same result; an open
-        abandoned by its caller leaves no session behind (CANCELLED)."""
+        """Place the session ``session_id`` (starting from ``prefix``, text or token ids: a
+        replica holding the longest cached prefix of token ids is preferred); waits for room
+        up to ``open_timeout_s`` or ``wait_s``, whichever is shorter. A retry while it runs
+        gets the same result; an open abandoned by its caller leaves no session behind
+        (CANCELLED)."""
         if session_id in self.running:
             return await asyncio.shield(self.running[session_id])
         if wait_s is not None and wait_s <= 0:
@@ -90,7 +93,7 @@ class Opener:
         opening = self.running[session_id] = asyncio.get_running_loop().create_future()
         try:
             wait = self.open_timeout_s if wait_s is None else min(wait_s, self.open_timeout_s)
-            args = (idle_timeout_s, tenant, gateway_id, lease_s)
+            args = (idle_timeout_s, tenant, gateway_id, lease_s, prefix)
             result = await self._place(session_id, time.monotonic() + wait, *args)
             if not isinstance(result, ActorError) and self.abandoned(session_id):
                 await self._release(session_id)  # it landed after its caller left
@@ -138,17 +141,19 @@ class Opener:
         tenant: str,
         gateway_id: str,
         lease_s: float,
+        prefix: str | list[int] | None,
     ) -> Route | ActorError:
         refused: dict[str, int] = {}
+        prefix_ids = prefix if isinstance(prefix, list) else None
         while True:
             if self.abandoned(session_id):
                 return _abandoned_error()
             views = [self.view(rid) for rid in self.replicas]
             reserved = {rid: e.reserved + refused.get(rid, 0) for rid, e in self.replicas.items()}
-            replica_id = choose_replica(views, reserved)
+            replica_id = choose_replica(views, reserved, prefix_ids=prefix_ids)
             if replica_id is not None:
                 route = await self._open_on(
-                    replica_id, session_id, idle_timeout_s, tenant, gateway_id, lease_s
+                    replica_id, session_id, idle_timeout_s, tenant, gateway_id, lease_s, prefix
                 )
                 if not isinstance(route, ActorError):
                     return route
@@ -176,6 +181,7 @@ class Opener:
         tenant: str,
         gateway_id: str,
         lease_s: float,
+        prefix: str | list[int] | None = None,
     ) -> Route | ActorError:
         entry = self.replicas[replica_id]
         entry.reserved += 1  # in flight: not in any snapshot yet
@@ -186,6 +192,7 @@ class Opener:
                 gateway_id=gateway_id,
                 tenant=tenant,
                 lease_s=lease_s,
+                prefix=prefix,
             )
         except Exception as exc:  # noqa: BLE001 - read by kind: only a dead replica is fenced
             failure = CallFailure.of("open_session", f"replica {replica_id}", exc)

@@ -17,6 +17,10 @@ Among candidates the best is the one with most adjusted free mamba slots, then m
 ties go to fewer pinned sessions, then to the smaller replica_id (deterministic). With more than
 ``p2c_threshold`` candidates, power-of-two choices: two distinct candidates are sampled with ``rng``
 and the better one is taken, which spreads load without every router herding onto the same replica.
+
+An open with a prefix of token ids goes first to the candidate whose cached states (the block
+hashes of its snapshot, ``replica.prefix_hashes``) hold the longest block-aligned prefix of it
+(ties by the order above, no sampling); when no candidate holds any of it, the rules above.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from replica.prefix_hashes import chained_block_hashes
 from router.control.api import ReplicaHealth, ReplicaView
 
 _DEFAULT_RNG = random.Random()
@@ -122,18 +127,45 @@ def choose_replica(
     reserved: Mapping[str, int] | None = None,
     rng: random.Random | None = None,
     p2c_threshold: int = 32,
+    prefix_ids: Sequence[int] | None = None,
 ) -> str | None:
     """The replica_id to place a new session on, or None when no replica is a candidate.
 
-    The result is always a candidate. Up to ``p2c_threshold`` candidates the best one is taken
-    (see the module docstring); beyond it the better of two sampled with ``rng``.
+    The result is always a candidate. With ``prefix_ids``, the candidate holding the longest
+    cached prefix of them, if any holds one; else up to ``p2c_threshold`` candidates the best
+    one is taken (see the module docstring); beyond it the better of two sampled with ``rng``.
     """
     rooms = candidates(views, reserved)
     if not rooms:
         return None
+    if prefix_ids:
+        by_id = {view.replica_id: view for view in views}
+        cached = cached_prefix_tokens([by_id[room.replica_id] for room in rooms], prefix_ids)
+        best = max(cached.values(), default=0)
+        if best > 0:
+            holders = [room for room in rooms if cached[room.replica_id] == best]
+            return min(holders, key=Room.rank_key).replica_id
     if len(rooms) > max(p2c_threshold, 1):
         rooms = (rng or _DEFAULT_RNG).sample(rooms, 2)
     return min(rooms, key=Room.rank_key).replica_id
+
+
+def cached_prefix_tokens(views: Sequence[ReplicaView], prefix_ids: Sequence[int]) -> dict[str, int]:
+    """Per replica, the tokens of the longest block-aligned prefix of ``prefix_ids`` that its
+    snapshot's cached states hold (0: none, or no snapshot)."""
+    hashes_by_block: dict[int, list[int]] = {}  # the prefix's hashes, once per block size
+    found = {}
+    for view in views:
+        cache = view.snapshot.state_cache if view.snapshot is not None else None
+        if cache is None or not cache.block_hashes or cache.block_tokens <= 0:
+            found[view.replica_id] = 0
+            continue
+        block = cache.block_tokens
+        if block not in hashes_by_block:
+            hashes_by_block[block] = chained_block_hashes(prefix_ids, block)
+        held = [i for i, h in enumerate(hashes_by_block[block]) if h in cache.block_hashes]
+        found[view.replica_id] = (held[-1] + 1) * block if held else 0
+    return found
 
 
 @dataclass(frozen=True, slots=True)

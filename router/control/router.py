@@ -171,8 +171,10 @@ class SessionRouter(AdminCalls, ClusterCalls):
         session_id: str = "",
         wait_s: float | None = None,
         lease_s: float = 0.0,
+        prefix: str | list[int] | None = None,
     ) -> Route | ActorError:
-        """Place a new session; waits for room up to ``open_timeout_s`` or ``wait_s`` (what
+        """Place a new session (holding ``prefix``, text or token ids, from the start: see
+        ``SessionOps.open_session``); waits for room up to ``open_timeout_s`` or ``wait_s`` (what
         is left of the caller's deadline), whichever is shorter. ``lease_s`` > 0: a stream
         holds the session open (``ReplicaActor.hold_sessions``).
 
@@ -185,7 +187,7 @@ class SessionRouter(AdminCalls, ClusterCalls):
         if session_id not in self.opener.running and session_id in self.sessions:
             return await self._with_info(await self.route(session_id, tenant))
         return await self.opener.open(
-            session_id, idle_timeout_s, tenant, gateway_id, wait_s, lease_s
+            session_id, idle_timeout_s, tenant, gateway_id, wait_s, lease_s, prefix
         )
 
     async def fork_session(

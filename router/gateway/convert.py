@@ -64,6 +64,16 @@ def turn_input(msg: pb.GenerateRequest) -> tuple[str | None, list[int] | None]:
     return None, []
 
 
+def open_prefix(msg: pb.OpenSessionRequest) -> str | list[int] | None:
+    """The prefix an open asks the session to start from: text, token ids, or None."""
+    kind = msg.WhichOneof("prefix")
+    if kind == "prefix_text":
+        return msg.prefix_text
+    if kind == "prefix_tokens":
+        return list(msg.prefix_tokens.ids)
+    return None
+
+
 def session_to_proto(session_id: str, replica_id: str, info: SessionInfo) -> pb.Session:
     return pb.Session(
         session_id=session_id,
@@ -72,6 +82,7 @@ def session_to_proto(session_id: str, replica_id: str, info: SessionInfo) -> pb.
         max_context_tokens=info.max_context_tokens,
         turn_running=info.turn_running,
         parked=info.parked,
+        cached_tokens=info.cached_tokens,
     )
 
 

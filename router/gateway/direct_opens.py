@@ -54,16 +54,24 @@ class DirectOpener:
         self.in_flight: Counter[str] = Counter()  # opens on their way, by replica
 
     async def open(
-        self, session_id: str, idle_timeout_s: float, tenant: str, lease_s: float
+        self,
+        session_id: str,
+        idle_timeout_s: float,
+        tenant: str,
+        lease_s: float,
+        prefix: str | list[int] | None = None,
     ) -> Route | None:
-        """The session opened and pinned, or None: open it through the router instead.
-        Raises ``Refused`` (INTERNAL) when the replica raised on the open."""
-        replica_id = choose_replica(self.cluster.placement_views(), self.in_flight)
+        """The session opened and pinned (holding ``prefix``, text or token ids: placed where
+        the longest cached prefix of token ids is), or None: open it through the router
+        instead. Raises ``Refused`` (INTERNAL) when the replica raised on the open."""
+        prefix_ids = prefix if isinstance(prefix, list) else None
+        views = self.cluster.placement_views()
+        replica_id = choose_replica(views, self.in_flight, prefix_ids=prefix_ids)
         handle = self.cluster.handles.get(replica_id) if replica_id is not None else None
         if handle is None:
             return None
         calls = self.calls.of(replica_id, handle)
-        args = (session_id, idle_timeout_s, self.gateway_id, tenant, lease_s)
+        args = (session_id, idle_timeout_s, self.gateway_id, tenant, lease_s, prefix)
         opened = calls.open(args)
         pinned = self.updates.pin(session_id, replica_id, tenant)
         self.in_flight[replica_id] += 1

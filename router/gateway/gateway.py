@@ -32,7 +32,14 @@ from router.control.client import RouterClient
 from router.gateway.auth import ApiKeys, Caller, Unauthenticated
 from router.gateway.background import Background
 from router.gateway.cluster_view import ClusterView
-from router.gateway.convert import Refused, check, chunk_from_piece, sampling_from_proto, turn_input
+from router.gateway.convert import (
+    Refused,
+    check,
+    chunk_from_piece,
+    open_prefix,
+    sampling_from_proto,
+    turn_input,
+)
 from router.gateway.delivery import Delivery
 from router.gateway.direct_opens import DirectOpener
 from router.gateway.follow import Following
@@ -123,23 +130,39 @@ class Gateway(Following):
         through the router, waiting for room at most ``wait_s`` (what is left of the caller's
         deadline). If the call is cancelled meanwhile (the client cancelled, its deadline
         passed), no session is kept for it. ``lease_s`` > 0: a stream holds the session open
-        (``replica.sessions.stream_leases``)."""
+        (``replica.sessions.stream_leases``). The request's prefix (text or token ids) is what
+        the session starts holding; ``route.info.cached_tokens`` of it came from a state the
+        replica had cached (placement prefers the replica holding the longest such prefix)."""
         timeout = request.idle_timeout_s
         if timeout < 0 or timeout != timeout:
             raise Refused(
                 StatusCode.INVALID_ARGUMENT, "idle_timeout_s must be >= 0 (0: server default)"
             )
-        route = await self.direct.open(secrets.token_hex(16), timeout, tenant, lease_s)
+        prefix = open_prefix(request)
+        text_bytes = len(prefix.encode("utf-8", "surrogatepass")) if type(prefix) is str else 0
+        if text_bytes > MAX_TEXT_BYTES:
+            raise Refused(
+                StatusCode.INVALID_ARGUMENT, f"prefix_text longer than {MAX_TEXT_BYTES} bytes"
+            )
+        route = await self.direct.open(secrets.token_hex(16), timeout, tenant, lease_s, prefix)
         if route is None:  # a fresh id: the router may not have forgotten the first one yet
             # the session id is chosen here so that a retried open is idempotent at the router
             session_id = secrets.token_hex(16)
-            route = await self._open_through_router(session_id, timeout, tenant, wait_s, lease_s)
+            route = await self._open_through_router(
+                session_id, timeout, tenant, wait_s, lease_s, prefix
+            )
         self.routes.put(route)
         self.delivery.watch(route)
         return route
 
     async def _open_through_router(
-        self, session_id: str, timeout: float, tenant: str, wait_s: float | None, lease_s: float
+        self,
+        session_id: str,
+        timeout: float,
+        tenant: str,
+        wait_s: float | None,
+        lease_s: float,
+        prefix: str | list[int] | None = None,
     ) -> Route:
         try:
             route = await self.router.open_session(
@@ -149,6 +172,7 @@ class Gateway(Following):
                 session_id=session_id,
                 wait_s=wait_s,
                 lease_s=lease_s,
+                prefix=prefix,
             )
         except asyncio.CancelledError:
             self.background.spawn(self.router.abandon_open(session_id=session_id))

@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 
 from replica.api import POOL_NAMES, POOL_STATES, HistogramCounts, ReleaseReason, StatusCode
 from router.control.api import ReplicaHealth, ReplicaView
+from router.gateway.cache_metrics import state_cache_families
 from router.gateway.call_error_metrics import router_call_error_family
 from router.gateway.migration_metrics import migration_families
 
@@ -176,6 +177,7 @@ class ClusterCollector(Collector):
         yield from (slots, capacity, leaked, sessions, pinned, opened, released, up, draining, age)
         yield from (parked, parks, restores, restore_seconds)
         yield from migration_families(views)
+        yield from state_cache_families(views)
         yield from router_call_error_family(views)
 
 

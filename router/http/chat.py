@@ -42,7 +42,7 @@ class Turn:
     include_usage: bool
     token_ids: list[int] | None = None
     text: str | None = None
-    reused: int = 0
+    prefix: list[int] | None = None  # tokens the session starts holding (from the cache)
 
 
 def parse_stream(body: dict[str, Any]) -> tuple[bool, bool]:
@@ -91,7 +91,10 @@ class Completions:
         stream, usage = parse_stream(body)
         sampling = wire.sampling(body, new)
         prompt = await self.turns.chat_prompt(chat)
-        turn = Turn(sampling, stream, usage, token_ids=prompt.token_ids)
+        # the whole prompt but its last token is the session's prefix: what the replicas' cache
+        # holds of it is not prefilled again (a resent history, a shared system prompt)
+        turn = Turn(sampling, stream, usage, token_ids=prompt.token_ids[-1:],
+                    prefix=prompt.token_ids[:-1])  # fmt: skip
         return await self._answer(turn, tenant, ChatShape, "chat_completions")
 
     async def complete(self, body: dict[str, Any], tenant: str):
@@ -104,7 +107,8 @@ class Completions:
         return await self._answer(turn, tenant, TextShape, "completions")
 
     async def _answer(self, turn: Turn, tenant: str, shape: type[Shape], route_name: str):
-        route = await self.turns.open(tenant)
+        route = await self.turns.open(tenant, prefix_ids=turn.prefix)
+        cached = route.info.cached_tokens if route.info is not None else 0
         try:
             started = await self.turns.start(route, turn.sampling, turn.token_ids, turn.text)
         except BaseException:
@@ -112,7 +116,7 @@ class Completions:
             raise
         answer_id = f"{shape.prefix}-{secrets.token_hex(12)}"
         answer = shape(answer_id, int(time.time()), self.model_name())
-        events = self._run(route.session_id, started, turn, tenant, answer, route_name)
+        events = self._run(route.session_id, started, turn, tenant, answer, route_name, cached)
         if turn.stream:
             return guarded(events)
         async for _ in events:  # the whole turn
@@ -127,6 +131,7 @@ class Completions:
         tenant: str,
         answer: Shape,
         route_name: str,
+        cached: int,
     ) -> AsyncIterator[bytes]:
         try:
             if turn.stream and isinstance(answer, ChatShape):
@@ -137,8 +142,8 @@ class Completions:
                     yield data(answer.chunk(out.text[sent:], out.finish))
                     sent = len(out.text)
             prompt_tokens = out.committed_tokens - len(out.token_ids)
-            answer.finish(out, prompt_tokens, turn.reused)
-            self.metrics.observe_prompt(route_name, prompt_tokens, turn.reused)
+            answer.finish(out, prompt_tokens, cached)
+            self.metrics.observe_prompt(route_name, prompt_tokens, cached)
             if turn.stream:
                 if turn.include_usage:
                     yield data(answer.usage_chunk())

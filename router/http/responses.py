@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
-from replica.api import ChatPrompt
+from router.control.api import Route
 from router.control.response_records import StoredResponse
 from router.control.response_store import ResponseStoreClient
 from router.http import wire
@@ -103,7 +104,7 @@ class Responses:
         system = [{"role": "system", "content": instructions}] if instructions else []
         route, prompt = await self._state_for([*system, *conversation], previous, tenant, store)
         try:
-            started = await self.turns.start(route, sampling, prompt.token_ids)
+            started = await self.turns.start(route, sampling, prompt.fed)
         except BaseException:
             self.turns.release(route.session_id, tenant)
             raise
@@ -121,26 +122,29 @@ class Responses:
         previous: StoredResponse | None,
         tenant: str,
         store: bool,
-    ):
-        """The session this turn runs on and its prompt: a fork of the previous response's
-        state fed only the new part, else a new session fed the whole conversation."""
+    ) -> tuple[Route, Prompt]:
+        """The session this turn runs on and what it feeds: a fork of the previous response's
+        state fed only the new part, else a new session holding the conversation's prompt but
+        its last token (what the replicas' turn-boundary cache holds of it is not prefilled)."""
         if previous is not None and previous.session_id and previous.state_ids:
             prompt = await self.turns.chat_prompt(messages, previous.state_ids)
             if prompt.reused_tokens:
                 route = await self.turns.fork(previous.session_id, tenant)
                 if route is not None:
-                    return route, prompt
+                    held = previous.state_ids
+                    return route, Prompt(held, prompt.token_ids, len(held))
                 await self._store().forget_state(previous.response_id)
-        prompt = await self.turns.chat_prompt(messages)
-        route = await self.turns.open(tenant, self.ttl_s if store else 0.0)
-        return route, prompt
+        ids = (await self.turns.chat_prompt(messages)).token_ids
+        route = await self.turns.open(tenant, self.ttl_s if store else 0.0, prefix_ids=ids[:-1])
+        cached = route.info.cached_tokens if route.info is not None else 0
+        return route, Prompt(ids[:-1], ids[-1:], cached)
 
     async def _run(
         self,
         made: Made,
         route,
         started: TurnStream,
-        prompt: ChatPrompt,
+        prompt: Prompt,
         previous: StoredResponse | None,
         items: list[dict[str, Any]],
         conversation: list[dict[str, str]],
@@ -162,10 +166,10 @@ class Responses:
                                      delta=out.text[sent:], logprobs=[])  # fmt: skip
                     sent = len(out.text)
             status = "completed" if out.finish == "stop" else "incomplete"
-            prompt_tokens = prompt.reused_tokens + len(prompt.token_ids)
-            made.finish(out.text, status, usage(prompt_tokens, prompt.reused_tokens,
+            prompt_tokens = len(prompt.held) + len(prompt.fed)
+            made.finish(out.text, status, usage(prompt_tokens, prompt.cached,
                                                 len(out.token_ids)))  # fmt: skip
-            self.metrics.observe_prompt("responses", prompt_tokens, prompt.reused_tokens)
+            self.metrics.observe_prompt("responses", prompt_tokens, prompt.cached)
             yield made.event("response.output_text.done", item_id=made.item_id, output_index=0,
                              content_index=0, text=out.text, logprobs=[])  # fmt: skip
             yield made.event("response.content_part.done", item_id=made.item_id,
@@ -174,8 +178,7 @@ class Responses:
             yield made.event("response.output_item.done", output_index=0,
                              item=made.response["output"][0])  # fmt: skip
             if made.response["store"]:
-                prior = previous.state_ids if prompt.reused_tokens and previous else []
-                state = [*prior, *prompt.token_ids, *out.token_ids]
+                state = [*prompt.held, *prompt.fed, *out.token_ids]
                 record = StoredResponse(
                     made.response_id,
                     tenant,
@@ -238,6 +241,16 @@ class Responses:
             "last_id": page[-1]["id"] if page else None,
             "has_more": len(items) > len(page),
         }
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """What a turn's session holds before it (``held``: a forked state or a cache prefix) and
+    what the turn feeds; ``cached``: the prompt tokens not prefilled for it."""
+
+    held: list[int]
+    fed: list[int]
+    cached: int
 
 
 class Made:

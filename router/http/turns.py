@@ -65,11 +65,17 @@ class Turns:
         replica = self._any_replica()
         return checked(await replica.chat_prompt(messages=messages, prior_ids=prior_ids))
 
-    async def open(self, tenant: str, idle_timeout_s: float = 0.0) -> Route:
+    async def open(
+        self, tenant: str, idle_timeout_s: float = 0.0, prefix_ids: list[int] | None = None
+    ) -> Route:
+        """A new session; with ``prefix_ids`` it starts holding them, from the longest state
+        the replicas' turn-boundary cache holds of them (``route.info.cached_tokens``: how many
+        of them were taken from it, never prefilled)."""
+        request = pb.OpenSessionRequest(idle_timeout_s=idle_timeout_s)
+        if prefix_ids:
+            request.prefix_tokens.ids.extend(prefix_ids)
         try:
-            return await self.gw.open(
-                pb.OpenSessionRequest(idle_timeout_s=idle_timeout_s), tenant, self.open_wait_s
-            )
+            return await self.gw.open(request, tenant, self.open_wait_s)
         except Refused as exc:
             raise ApiError.of(exc.code, str(exc)) from None
 

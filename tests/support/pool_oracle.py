@@ -39,19 +39,27 @@ class Capacity:
         return (positions + self.page_size - 1) // self.page_size
 
     def expect(
-        self, idle: int, running: int, idle_pages: int, running_pages: int
+        self,
+        idle: int,
+        running: int,
+        idle_pages: int,
+        running_pages: int,
+        cached: int = 0,
+        cached_pages: int = 0,
     ) -> dict[str, PoolStats]:
         """Every pool's counts with ``idle`` sessions between turns holding ``idle_pages`` KV
-        pages and ``running`` turns holding ``running_pages``."""
+        pages, ``running`` turns holding ``running_pages`` and ``cached`` states holding one
+        mamba slot each and ``cached_pages`` KV pages that no session holds."""
         per, page = self.mamba_per_session, self.page_size
-        used_pages = idle_pages + running_pages
+        used_pages = idle_pages + running_pages + cached_pages
         return {
             "mamba": PoolStats(
                 "mamba",
                 self.max_sessions * per,
-                (self.max_sessions - idle - running) * per,
+                (self.max_sessions - idle - running) * per - cached,
                 running * per,
                 idle * per,
+                cached,
             ),
             "kv_tokens": PoolStats(
                 "kv_tokens",
@@ -59,6 +67,7 @@ class Capacity:
                 (self.kv_pages - used_pages) * page,
                 running_pages * page,
                 idle_pages * page,
+                cached_pages * page,
             ),
             "req": PoolStats(
                 "req", self.max_sessions, self.max_sessions - idle - running, running, idle

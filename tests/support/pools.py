@@ -43,9 +43,11 @@ def make_pools(
     max_parked: int = 0,
     host_kv_tokens: int = 0,
     failpoints: frozenset[str] = frozenset(),
+    max_cached_states: int = 0,
 ):
-    """GPU pools and sessions over them (with a host tier when ``max_parked``), on a fake clock,
-    on the test device (``SESSION_ROUTER_TEST_DEVICE``)."""
+    """GPU pools and sessions over them (with a host tier when ``max_parked``; caching states
+    at turn boundaries only when ``max_cached_states``), on a fake clock, on the test device
+    (``SESSION_ROUTER_TEST_DEVICE``)."""
     cfg = PoolConfig(
         max_sessions=max_sessions,
         kv_tokens=kv_tokens,
@@ -54,6 +56,7 @@ def make_pools(
         max_context=max_context,
         max_parked_sessions=max_parked,
         host_kv_tokens=host_kv_tokens,
+        max_cached_states=max_cached_states,
         device=device_under_test(),
     )
     pool = HybridReqToTokenPool(model, cfg)

@@ -10,6 +10,12 @@ Forks share KV pages: each resident session records the (model) page of each of 
 ordinals; a fork takes its parent's whole pages and a new page for a partial last one. A page
 held by several sessions is counted once (in use when a running turn holds it), and parking a
 session frees only the pages that no other session holds.
+
+Cached states (the replica's cache of states at turn boundaries) are a list, least recently used
+first: each its key (the tokens folded in), its pages (the session's whole pages, a new page for
+a partial last one) and the values its state holds. They live in free room only: before any
+room is made (an open, a fork, a turn, a restore), entries are evicted least recently used
+first until what is needed is free (or none is left); only then are sessions parked.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ class Turn:
     produced: int  # tokens the turn can fold: pending + input, then what it generates
     marker: float | None = None  # the value its folds wrote into the live mamba state
     kv: dict[int, float] = field(default_factory=dict)  # K/V values of the positions it folded
+    seq: tuple[int, ...] = ()  # the token ids it folds: pending, input, then generated ones
 
 
 @dataclass
@@ -46,6 +53,18 @@ class ModelSession:
     turn: Turn | None = None
     closing: ReleaseReason | None = None  # closed during its turn: released when it ends
     pages: list[int] = field(default_factory=list)  # its GPU KV pages (model ids), in order
+    tokens: tuple[int, ...] = ()  # the token ids folded into its state
+    pending_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class ModelCached:
+    """A cached state as the model sees it."""
+
+    key: tuple[int, ...]
+    pages: list[int]
+    marker: float
+    kv: dict[int, float]
 
 
 @dataclass
@@ -55,12 +74,16 @@ class SessionModel:
     host_pages: int
     sessions: dict[str, ModelSession] = field(default_factory=dict)
     page_ids: itertools.count = field(default_factory=lambda: itertools.count(1))
+    max_cached: int = 0
+    cache: list[ModelCached] = field(default_factory=list)  # least recently used first
+    evictions: int = 0
 
     def fresh_pages(self, n: int) -> list[int]:
         return [next(self.page_ids) for _ in range(n)]
 
     def holders(self, page: int) -> int:
-        return sum(page in m.pages for m in self.sessions.values())
+        held = sum(page in m.pages for m in self.sessions.values())
+        return held + sum(page in e.pages for e in self.cache)
 
     def distinct(self, sessions) -> set[int]:
         return {page for m in sessions for page in m.pages}
@@ -89,9 +112,67 @@ class SessionModel:
 
     def gpu_free(self) -> tuple[int, int]:
         """(free session slots, free KV token slots) on the GPU."""
+        rows, mamba, kv = self.free_slots()
+        return min(rows, mamba // self.cap.mamba_per_session), kv
+
+    def free_slots(self) -> tuple[int, int, int]:
+        """(free req rows, free mamba slots, free KV token slots) on the GPU."""
         resident = [m for m in self.sessions.values() if not m.parked]
-        used = len(self.distinct(resident)) * self.cap.page_size
-        return self.cap.max_sessions - len(resident), self.cap.kv_pages * self.cap.page_size - used
+        pages = self.distinct(resident) | {p for e in self.cache for p in e.pages}
+        rows = self.cap.max_sessions - len(resident)
+        mamba = rows * self.cap.mamba_per_session - len(self.cache)
+        return rows, mamba, (self.cap.kv_pages - len(pages)) * self.cap.page_size
+
+    # ----- cached states --------------------------------------------------------------------
+
+    def fits(self, seqs: int, kv: int, mamba: int = 0) -> bool:
+        rows, free_mamba, free_kv = self.free_slots()
+        need = seqs * self.cap.mamba_per_session + mamba
+        return rows >= seqs and free_mamba >= need and free_kv >= kv
+
+    def evict_until(
+        self, seqs: int, kv: int, mamba: int = 0, keep: ModelCached | None = None
+    ) -> bool:
+        """Evict least recently used entries (never ``keep``) until the room is free."""
+        for entry in list(self.cache):
+            if self.fits(seqs, kv, mamba):
+                return True
+            if entry is not keep:
+                self.evict(entry)
+        return self.fits(seqs, kv, mamba)
+
+    def evict(self, entry: ModelCached) -> None:
+        self.cache.remove(entry)
+        self.evictions += 1
+
+    def keep(self, key: tuple[int, ...], pages: list[int], marker: float, kv: dict) -> None:
+        """A state at a turn boundary, held in ``pages`` (the session's, in order)."""
+        if not self.max_cached or not key:
+            return
+        for entry in self.cache:
+            if entry.key == key:
+                self.cache.remove(entry)
+                self.cache.append(entry)
+                return
+        if len(self.cache) >= self.max_cached:
+            self.evict(self.cache[0])
+        partial = len(key) % self.cap.page_size
+        if not self.evict_until(0, self.cap.page_size if partial else 0, mamba=1):
+            return
+        whole = len(key) // self.cap.page_size
+        held = pages[:whole] + self.fresh_pages(1 if partial else 0)
+        kept = {p: v for p, v in kv.items() if p < len(key)}
+        self.cache.append(ModelCached(key, held, marker, kept))
+
+    def lookup(self, prefix: tuple[int, ...]) -> ModelCached | None:
+        """The entry with the longest key that begins ``prefix``, marked recently used."""
+        found = [e for e in self.cache if prefix[: len(e.key)] == e.key]
+        if not found:
+            return None
+        entry = max(found, key=lambda e: len(e.key))
+        self.cache.remove(entry)
+        self.cache.append(entry)
+        return entry
 
     def host_fits(self, arriving: list[str], leaving: list[str] = ()) -> bool:
         """Whether the host tier holds the parked sessions once ``arriving`` are parked too and
@@ -118,6 +199,7 @@ class SessionModel:
     def place_new(self) -> tuple[list[str], bool] | None:
         """Where a new session goes: (the idle sessions parked to make GPU room, whether it is
         born parked); None when neither the GPU nor the host has room."""
+        self.evict_until(1, 0)
         free_rows, _ = self.gpu_free()
         victims = [] if free_rows else self.lru_victims(1, 0)
         if victims is not None and self.host_fits(victims):
@@ -132,12 +214,14 @@ class SessionModel:
         when that room cannot be made now."""
         m = self.sessions[sid]
         if m.parked:
+            self.evict_until(1, self.held(target))
             victims = self.lru_victims(1, self.held(target))
             fits = victims is not None and (
                 self.host_fits(victims) or self.host_fits(victims, leaving=[sid])
             )
         else:
             need = self.held(target) - self.held(m.committed)
+            self.evict_until(0, need + self.cap.page_size)
             victims = [] if need <= self.gpu_free()[1] else self.lru_victims(0, need, sid)
             fits = victims is not None and self.host_fits(victims)
         return victims if fits else None
@@ -162,6 +246,7 @@ class SessionModel:
             need, keep = self.held(m.committed), ""
         else:
             need, keep = (page if m.committed % page else 0), parent
+        self.evict_until(1, need)
         free_rows, free_kv = self.gpu_free()
         if free_rows >= 1 and free_kv >= need:
             return [], False
@@ -195,11 +280,15 @@ class SessionModel:
         running = [m for m in resident if m.turn is not None]
         parked = [m for m in self.sessions.values() if m.parked]
         running_pages = self.distinct(running)
+        idle_pages = self.distinct(idle) - running_pages
+        cached_pages = {p for e in self.cache for p in e.pages} - running_pages - idle_pages
         want = self.cap.expect(
             idle=len(idle),
             running=len(running),
-            idle_pages=len(self.distinct(idle) - running_pages),
+            idle_pages=len(idle_pages),
             running_pages=len(running_pages),
+            cached=len(self.cache),
+            cached_pages=len(cached_pages),
         )
         if self.max_parked:
             page = self.cap.page_size
