@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx2 as httpx
 import openai
 import pytest
 import torch
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
 from tests.support.chat_peer import greedy, prompt_ids, save_chat_peer
-from tests.support.cluster import ServerThread
+from tests.support.cluster import ServerThread, wait_for
 
 KEY = "key-acme"
 NEW = 8
@@ -358,6 +360,29 @@ def test_keys_and_the_browser_subprotocol(served, model):
                         additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:  # fmt: skip
             ws.recv()
     assert "404" in str(refused.value)
+
+
+def metric(served, series: str) -> float:
+    text = httpx.get(served.server.metrics_url).text
+    values = [line for line in text.splitlines() if line.startswith(series)]
+    return float(values[0].split()[-1]) if values else 0.0
+
+
+def test_a_client_that_never_reads_is_dropped(served, model):
+    """Events sent without ever reading the answers: once the server's outbox is over its
+    bound, the connection is dropped (1008) and its session released."""
+    url = served.server.front.http_url.replace("http://", "ws://") + f"/realtime?model={model}"
+    series = 'session_router_realtime_dropped_total{code="1008"}'
+    before = metric(served, series)
+    auth = {"Authorization": f"Bearer {KEY}"}
+    with ws_connect(url, additional_headers=auth, max_queue=4) as ws:
+        deadline = time.monotonic() + 120
+        with pytest.raises(ConnectionClosed):
+            while time.monotonic() < deadline:
+                ws.send('{"type": "no.such.event"}')  # each answered with an error event
+    wait_for(lambda: metric(served, series) == before + 1, 30, 0.2, "the drop to be counted")
+    served.wait_at_capacity(timeout=30)
+    served.assert_no_leaks(at_capacity=True)
 
 
 def test_closing_the_socket_releases_the_session(served, client, model, long_prompt):

@@ -95,5 +95,5 @@ async def refuse(websocket: WebSocket, error: ApiError) -> None:
 async def close(websocket: WebSocket, code: int, reason: str) -> None:
     try:
         await websocket.close(code=code, reason=reason)
-    except (RuntimeError, OSError):
-        pass  # closed already
+    except Exception:  # noqa: BLE001 - closed already, or the peer is gone
+        pass

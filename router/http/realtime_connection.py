@@ -65,7 +65,7 @@ class RealtimeConnection:
             while True:
                 taken = loop.create_task(self.inputs.get())
                 await asyncio.wait({taken, overflow, writer}, return_when=asyncio.FIRST_COMPLETED)
-                if not taken.done():
+                if overflow.done() or writer.done():  # first: a flood keeps ``taken`` ready
                     taken.cancel()
                     return 1008 if overflow.done() else None  # a stalled reader; a dead socket
                 event = taken.result()

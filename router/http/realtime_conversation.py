@@ -107,7 +107,7 @@ class LiveConversation:
         point = self.checkpoint
         if point is not None and index >= point.folded:
             self.checkpoint = None
-            self.gw.background.spawn(self._release(self.route))
+            self.gw.background.spawn(self.release(self.route))
             self.route, self.held, self.folded = point.route, point.held, point.folded
         else:
             self.stale = True
@@ -116,14 +116,15 @@ class LiveConversation:
         old, self.route = self.route, route
         self.gw.leases.hold(route)
         self._drop_checkpoint()
-        await self._release(old)
+        await self.release(old)
 
     def _drop_checkpoint(self) -> None:
         if self.checkpoint is not None:
-            self.gw.background.spawn(self._release(self.checkpoint.route))
+            self.gw.background.spawn(self.release(self.checkpoint.route))
             self.checkpoint = None
 
-    async def _release(self, route: Route) -> None:
+    async def release(self, route: Route) -> None:
+        """Release one of this connection's sessions (no longer held by its lease)."""
         self.gw.leases.drop(route.session_id)
         await self.gw.release(route, ReleaseReason.STREAM_ENDED)
 
@@ -131,7 +132,7 @@ class LiveConversation:
         """Release the session and its checkpoint in the background (survives cancellation)."""
         self._drop_checkpoint()
         if self.route is not None:
-            self.gw.background.spawn(self._release(self.route))
+            self.gw.background.spawn(self.release(self.route))
             self.route = None
 
 

@@ -89,8 +89,7 @@ class ResponseRun:
         status, output, text, usage_, error = "failed", [], "", None, None
         items, index, previous = self.conv.items, self.index, self.previous
         try:
-            prompt = await self.conv.prompt(instructions, index)
-            fork = await self.conv.fork()
+            prompt, fork = await self._prompt_and_fork(instructions, index)
             if self.cancelled:  # cancelled before its turn was submitted
                 raise Cancelled()
             try:
@@ -99,7 +98,7 @@ class ResponseRun:
                 )
             except BaseException:
                 if fork is not None:
-                    self.conv.gw.background.spawn(self.conv._release(fork))
+                    self.conv.gw.background.spawn(self.conv.release(fork))
                 raise
             self.conv.started(fork, self.stream.call.route)
             if self.cancelled:  # cancelled while it was being submitted
@@ -145,6 +144,8 @@ class ResponseRun:
         except ApiError as exc:
             error = exc
             self._forget(item_id)
+            if exc.status in (404, 503):  # the session is gone: the next response replays
+                self.conv.stale = True
         except Exception:  # noqa: BLE001 - a bug: logged, the response fails without details
             log.exception("realtime response failed")
             error = ApiError(500, "internal error; retry, and report it if it persists")
@@ -159,6 +160,28 @@ class ResponseRun:
             response["status_details"] = {"type": "failed", "error": details}
         self.metrics.responses.labels(status).inc()
         put(server_event("response.done", response=response))
+
+    async def _prompt_and_fork(self, instructions: str, index: int):
+        """The prompt, and a fork of the state it continues taken meanwhile (one round trip
+        less before the first token); forked again when the prompt replayed into a new
+        session."""
+        conv, before = self.conv, self.conv.route
+        forking = asyncio.ensure_future(conv.fork())
+        try:
+            prompt = await conv.prompt(instructions, index)
+        except BaseException:
+            forking.add_done_callback(self._release_fork)
+            raise
+        fork = await forking
+        if conv.route is not before:
+            if fork is not None:
+                conv.gw.background.spawn(conv.release(fork))
+            fork = await conv.fork()
+        return prompt, fork
+
+    def _release_fork(self, forking: asyncio.Future) -> None:
+        if not forking.cancelled() and forking.exception() is None and forking.result():
+            self.conv.gw.background.spawn(self.conv.release(forking.result()))
 
     def _forget(self, item_id: str) -> None:
         """A response that produced nothing leaves no item behind."""
