@@ -17,7 +17,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 
 from router.gateway.auth import Unauthenticated
 from router.http.errors import ApiError, invalid
@@ -132,6 +132,7 @@ def build_app(front: FrontDoor) -> Starlette:
         route("/v1/responses/{id}", "responses_delete", delete_response, "DELETE"),
         route("/v1/responses/{id}/input_items", "responses_input_items", input_items, "GET"),
         Route("/health", health, methods=["GET"]),
+        WebSocketRoute("/v1/realtime", front.realtime.endpoint),
     ]
 
     async def not_found(request: Request, exc: Exception) -> Response:

@@ -9,6 +9,7 @@ from router.gateway.gateway import Gateway
 from router.http.chat import Completions
 from router.http.errors import ApiError
 from router.http.metrics import HttpMetrics
+from router.http.realtime import Realtime
 from router.http.responses import Responses
 from router.http.turns import Turns
 
@@ -35,6 +36,7 @@ class FrontDoor:
         self.responses = Responses(
             self.turns, metrics, lambda: self.model_name, store, response_ttl_s
         )
+        self.realtime = Realtime(self.keys, self.turns, metrics.realtime, lambda: self.model_name)
 
     async def start(self) -> None:
         """Learn the served model's name from a replica, unless it was given."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from router.http.realtime_metrics import RealtimeMetrics
+
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
@@ -36,6 +38,7 @@ class HttpMetrics:
             ["route"],
             registry=registry,
         )
+        self.realtime = RealtimeMetrics(registry)
 
     def observe_request(self, route: str, status: int, seconds: float) -> None:
         self.requests.labels(route, str(status)).inc()

@@ -28,7 +28,8 @@ from router.gateway.gateway import Gateway
 from router.gateway.generate import GenerateCall
 from router.http.errors import ApiError
 
-FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
+FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length",
+          FinishReason.INTERRUPTED: "interrupted"}  # fmt: skip
 
 
 @dataclass(slots=True)

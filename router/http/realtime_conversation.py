@@ -1,0 +1,144 @@
+"""``LiveConversation``: one Realtime connection's conversation and the live session that holds
+its state.
+
+The items are kept as the client sees them; the session holds the token ids of the chat
+template's rendering of the items folded so far (``folded``), replies exactly as generated
+(a cut reply: exactly the tokens its ``response.done`` reported). A response's prompt is the
+rendering of the whole conversation past the text of those tokens (``chat_prompt`` with
+``prior_ids``): only the new part is fed, and a cut assistant message is closed the way the
+template closes it. Before each response the session is forked (``checkpoint``): deleting that
+response's items switches to the fork, an exact rollback. Anything else that makes the state
+disagree with the rendering (deleting further back, new instructions, a lost state) is
+``stale``: the next response replays the whole rendering into a fresh session.
+
+The connection owns every session here: ``close`` releases them all (idempotent).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from protos import session_router_pb2 as pb
+from replica.api import ChatPrompt, ReleaseReason
+from router.control.api import Route
+from router.gateway.convert import Refused
+from router.gateway.stream_leases import LEASE_S
+from router.http.errors import ApiError
+from router.http.realtime_events import item_text
+from router.http.turns import Turns
+
+
+@dataclass(slots=True)
+class Checkpoint:
+    """A fork of the session taken before a response: its state covers ``folded`` items."""
+
+    route: Route
+    held: list[int]
+    folded: int
+
+
+class LiveConversation:
+    def __init__(self, turns: Turns, tenant: str, route: Route) -> None:
+        self.turns, self.gw, self.tenant = turns, turns.gw, tenant
+        self.route = route
+        self.items: list[dict] = []
+        self.held: list[int] = []  # the token ids the session holds
+        self.folded = 0  # items[:folded] are what those tokens render
+        self.stale = False
+        self.checkpoint: Checkpoint | None = None
+        self.gw.leases.hold(route)
+
+    @classmethod
+    async def open(cls, turns: Turns, tenant: str) -> LiveConversation:
+        return cls(turns, tenant, await open_leased(turns, tenant))
+
+    def messages(self, instructions: str, upto: int) -> list[dict[str, str]]:
+        system = [{"role": "system", "content": instructions}] if instructions else []
+        chat = ({"role": i["role"], "content": item_text(i)} for i in self.items[:upto])
+        return [*system, *chat]
+
+    async def prompt(self, instructions: str, upto: int) -> ChatPrompt:
+        """The prompt of a response to ``items[:upto]``; replays into a fresh session when the
+        state held does not begin the rendering."""
+        messages = self.messages(instructions, upto)
+        if not self.stale and self.held:
+            prompt = await self.turns.chat_prompt(messages, self.held)
+            if prompt.reused_tokens == len(self.held):
+                return prompt
+        if self.held or self.stale:
+            await self._replace(await open_leased(self.turns, self.tenant))
+            self.held, self.folded, self.stale = [], 0, False
+        return await self.turns.chat_prompt(messages)
+
+    async def fork(self) -> Route | None:
+        """A fork of the session as it is now (None when it cannot be taken: no rollback)."""
+        try:
+            route = await self.turns.fork(self.route.session_id, self.tenant)
+        except ApiError:
+            return None
+        if route is not None:
+            self.gw.leases.hold(route)
+        return route
+
+    def started(self, fork: Route | None, route: Route) -> None:
+        """A response was submitted on ``route`` (the session may have moved there), with
+        ``fork`` taken just before: it becomes the checkpoint, the previous one is released."""
+        if route.replica_id != self.route.replica_id:
+            self.route = route
+            self.gw.leases.hold(route)
+        self._drop_checkpoint()
+        if fork is not None:
+            self.checkpoint = Checkpoint(fork, list(self.held), self.folded)
+
+    def ended(self, prompt: ChatPrompt, output: list[int], committed: int, item_index: int):
+        """The response's turn ended with ``output`` generated and ``committed`` tokens held
+        (0: unknown, the turn failed): the state now covers the items up to its reply."""
+        held = [*self.held[: prompt.reused_tokens], *prompt.token_ids, *output]
+        if committed and len(held) == committed:
+            self.held, self.folded = held, item_index + 1
+        else:
+            self.stale = True
+
+    def delete(self, index: int) -> None:
+        """Forget ``items[index]`` (the last one) and roll the state back to match."""
+        del self.items[index]
+        if index >= self.folded:
+            return  # never fed
+        point = self.checkpoint
+        if point is not None and index >= point.folded:
+            self.checkpoint = None
+            self.gw.background.spawn(self.release(self.route))
+            self.route, self.held, self.folded = point.route, point.held, point.folded
+        else:
+            self.stale = True
+
+    async def _replace(self, route: Route) -> None:
+        old, self.route = self.route, route
+        self.gw.leases.hold(route)
+        self._drop_checkpoint()
+        await self.release(old)
+
+    def _drop_checkpoint(self) -> None:
+        if self.checkpoint is not None:
+            self.gw.background.spawn(self.release(self.checkpoint.route))
+            self.checkpoint = None
+
+    async def release(self, route: Route) -> None:
+        """Release one of this connection's sessions (no longer held by its lease)."""
+        self.gw.leases.drop(route.session_id)
+        await self.gw.release(route, ReleaseReason.STREAM_ENDED)
+
+    def close(self) -> None:
+        """Release the session and its checkpoint in the background (survives cancellation)."""
+        self._drop_checkpoint()
+        if self.route is not None:
+            self.gw.background.spawn(self.release(self.route))
+            self.route = None
+
+
+async def open_leased(turns: Turns, tenant: str) -> Route:
+    """A new session held open by this connection's lease (its idle timeout does not apply)."""
+    try:
+        return await turns.gw.open(pb.OpenSessionRequest(), tenant, turns.open_wait_s, LEASE_S)
+    except Refused as exc:
+        raise ApiError.of(exc.code, str(exc)) from None
