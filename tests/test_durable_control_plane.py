@@ -34,6 +34,7 @@ from tests.support.serve_process import (
 )
 
 BIN = Path(sys.executable).parent
+CURRENT_CLUSTER = Path("/tmp/ray/ray_current_cluster")
 NAMESPACE = "durable-test"
 NAMES = [ROUTER_NAME, "replica-0", "replica-0-checkpoints", RESPONSES_NAME]
 CHECK = """
@@ -81,6 +82,8 @@ def head(tmp_path_factory):
     wait_ready(proc, log, up, 120, "ray start --head")
     yield home, f"127.0.0.1:{port}"
     kill_session(proc.pid)
+    if CURRENT_CLUSTER.is_file() and str(port) in CURRENT_CLUSTER.read_text():
+        CURRENT_CLUSTER.unlink()  # the record of a cluster this test started and ended
 
 
 @pytest.fixture(scope="module")
