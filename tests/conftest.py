@@ -2,9 +2,10 @@
 
 - ``ray_cluster``: one local Ray instance for the whole test process; end-to-end modules start
   their ``Server`` (tests/support/cluster.py) on it, each in its own namespace.
-- ``tenants_server``: one server with API keys on (``tests.support.servers.TENANTS``) for the
-  modules that test tenants' rights (tests/test_e2e_status_codes.py, tests/test_e2e_forks.py);
-  each of their tests leaves it clean, and one that kills a replica waits for its replacement.
+- ``tenants_server``: a server per module with API keys on (``tests.support.servers.TENANTS``)
+  for the modules that test tenants' rights (tests/test_e2e_status_codes.py,
+  tests/test_e2e_forks.py); each of their tests leaves it clean, and one that kills a replica
+  waits for its replacement.
 - ``SESSION_ROUTER_TEST_DEVICE`` (tests/support/device.py): the device every engine and pool
   fixture builds on (cpu by default; cuda in scripts/gpu-check.sh); an unusable one stops the run.
 - Hypothesis profiles, which every property test and state machine runs under (none sets its
@@ -79,10 +80,12 @@ def ray_cluster():
     ray.shutdown()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def tenants_server(ray_cluster, tmp_path_factory):
-    """A server with API keys on (``TENANTS``, from a keys file), shared by the modules that test
-    what each tenant may do: one start for all of them."""
+    """A server with API keys on (``TENANTS``, from a keys file), for the modules that test
+    what each tenant may do. One per module, stopped at its end: a server that lived for the
+    whole session would hold its replicas' CPU share, and later modules' replicas could not be
+    placed."""
     keys = api_keys_file(tmp_path_factory.mktemp("keys"), TENANTS)
     with serve_cluster(api_keys=keys, open_timeout_s=1.0) as srv:
         yield srv

@@ -20,7 +20,7 @@ Code = grpc.StatusCode
 
 @pytest.fixture
 def server(tenants_server):
-    """The server with API keys on, shared with tests/test_e2e_status_codes.py."""
+    """The server with API keys on (conftest.py's tenants_server)."""
     return tenants_server
 
 

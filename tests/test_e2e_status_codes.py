@@ -1,7 +1,7 @@
 """End to end: every status code of docs/api.md, each produced by the input that should produce it,
 each with a message; CloseSession idempotence, GetSession, health and reflection.
 
-The server (``tenants_server``, shared with tests/test_e2e_forks.py) has API keys on (tenants
+The server (``tenants_server``, conftest.py) has API keys on (tenants
 alice and bob, and an admin key, from a keys file).
 The ABORTED test kills a replica and waits for its replacement, so the tests run in any order.
 """
