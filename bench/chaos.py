@@ -182,10 +182,11 @@ async def load(cluster: Cluster, report: ChaosReport) -> None:
 
 
 def metrics_replicas(url: str) -> set[str]:
-    """The ``replica`` label values /metrics exports."""
+    """The ``replica`` label values /metrics exports (not ``""``: the stored responses' total)."""
     with urllib.request.urlopen(url, timeout=10) as reply:
         lines = reply.read().decode().splitlines()
-    return {line.split('replica="')[1].split('"')[0] for line in lines if 'replica="' in line}
+    found = {line.split('replica="')[1].split('"')[0] for line in lines if 'replica="' in line}
+    return found - {""}
 
 
 def check_end_state(cluster: Cluster, report: ChaosReport) -> None:
@@ -204,7 +205,7 @@ def check_end_state(cluster: Cluster, report: ChaosReport) -> None:
         at_capacity = all(
             isinstance(s, PoolSnapshot)
             and s.open_sessions == 0
-            and all(p.free == p.capacity for p in s.pools)
+            and all(p.free + p.cached == p.capacity for p in s.pools)  # cached: evictable
             for s in snaps
         )
         if at_capacity and ray.get(server.router.session_count.remote()) == 0:
@@ -214,7 +215,9 @@ def check_end_state(cluster: Cluster, report: ChaosReport) -> None:
         if not isinstance(snap, PoolSnapshot):
             problems.append(f"{r}: invariant check failed: {snap}")
             continue
-        problems += [f"{r}: {p.describe()}" for p in snap.pools if p.leaked or p.free != p.capacity]
+        problems += [
+            f"{r}: {p.describe()}" for p in snap.pools if p.leaked or p.free + p.cached != p.capacity
+        ]
     if (held := ray.get(server.router.session_count.remote())) != 0:
         problems.append(f"the router still pins {held} sessions")
     while (listed := metrics_replicas(server.metrics_url)) != set(live):
