@@ -215,9 +215,8 @@ def check_end_state(cluster: Cluster, report: ChaosReport) -> None:
         if not isinstance(snap, PoolSnapshot):
             problems.append(f"{r}: invariant check failed: {snap}")
             continue
-        problems += [
-            f"{r}: {p.describe()}" for p in snap.pools if p.leaked or p.free + p.cached != p.capacity
-        ]
+        unsettled = [p for p in snap.pools if p.leaked or p.free + p.cached != p.capacity]
+        problems += [f"{r}: {p.describe()}" for p in unsettled]
     if (held := ray.get(server.router.session_count.remote())) != 0:
         problems.append(f"the router still pins {held} sessions")
     while (listed := metrics_replicas(server.metrics_url)) != set(live):
