@@ -108,7 +108,7 @@ class Completions:
 
     async def _answer(self, turn: Turn, tenant: str, shape: type[Shape], route_name: str):
         route = await self.turns.open(tenant, prefix_ids=turn.prefix)
-        cached = route.info.cached_tokens if route.info is not None else 0
+        cached = self.turns.cached_tokens(route)
         try:
             started = await self.turns.start(route, turn.sampling, turn.token_ids, turn.text)
         except BaseException:

@@ -136,7 +136,7 @@ class Responses:
                 await self._store().forget_state(previous.response_id)
         ids = (await self.turns.chat_prompt(messages)).token_ids
         route = await self.turns.open(tenant, self.ttl_s if store else 0.0, prefix_ids=ids[:-1])
-        cached = route.info.cached_tokens if route.info is not None else 0
+        cached = self.turns.cached_tokens(route)
         return route, Prompt(ids[:-1], ids[-1:], cached)
 
     async def _run(

@@ -95,6 +95,11 @@ class Turns:
         except Refused:
             pass  # gone already: nothing is held
 
+    @staticmethod
+    def cached_tokens(route: Route) -> int:
+        """Of a session opened with a prefix: the prefix tokens the cache held (not prefilled)."""
+        return route.info.cached_tokens if route.info is not None else 0
+
     def release(self, session_id: str, tenant: str) -> None:
         """Close the session in the background: it runs to its end even when the request that
         calls this is being cancelled (its client went away)."""
