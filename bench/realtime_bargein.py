@@ -18,33 +18,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import tempfile
 import time
 from pathlib import Path
 
 import openai
-import torch
 
 from bench.harness import cli
 from bench.harness.cluster import local_cluster
 from bench.harness.report import Goal, Table, number, print_goals
 from bench.harness.stats import Spread, p50, p99
-from tests.support.chat_peer import save_chat_peer
+from tests.support.chat_peer import save_long_reply_peer
 
 SOCKETS = 4
 LONG = 400
 GOAL_CANCEL_MS, GOAL_RESTART_MS = 50.0, 100.0
-
-
-def save_long_reply_peer(path: Path) -> None:
-    """``chat_peer``'s checkpoint with its EOS row zeroed: greedy replies never end early."""
-    hf, tok = save_chat_peer(path, seed=5)
-    eos = tok.convert_tokens_to_ids("</s>")
-    with torch.no_grad():
-        hf.lm_head.weight[eos] = 0
-    hf.save_pretrained(str(path))
-    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
 
 
 def message(text: str) -> dict:

@@ -16,11 +16,10 @@ import time
 import httpx2 as httpx
 import openai
 import pytest
-import torch
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
-from tests.support.chat_peer import prompt_ids, save_chat_peer
+from tests.support.chat_peer import prompt_ids, save_long_reply_peer
 from tests.support.cluster import ServerThread, wait_for
 from tests.support.hf_peer import hf_greedy
 
@@ -35,12 +34,7 @@ def peer(tmp_path_factory):
     (its logit is 0, below the best of the others), so every response runs to its length and a
     long one can be cancelled part-way; the EOS stays the configured one."""
     path = tmp_path_factory.mktemp("chat-peer")
-    hf, tok = save_chat_peer(path, seed=5)
-    eos = tok.convert_tokens_to_ids("</s>")
-    with torch.no_grad():
-        hf.lm_head.weight[eos] = 0
-    hf.save_pretrained(str(path))
-    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+    hf, tok = save_long_reply_peer(path)
     return str(path), hf, tok
 
 

@@ -47,3 +47,16 @@ def prompt_ids(tok, messages: list[dict[str, str]]) -> list[int]:
     """The prompt tokens transformers makes of ``messages``."""
     text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return tok.encode(text, add_special_tokens=False)
+
+
+def save_long_reply_peer(path: Path, seed: int = 5):
+    """``save_chat_peer``'s checkpoint with its EOS row zeroed: greedy replies never pick the
+    EOS (its logit is 0, below the best of the others), so every reply runs to its length; the
+    EOS stays the configured one. Returns (the transformers model, its tokenizer)."""
+    hf, tok = save_chat_peer(path, seed)
+    eos = tok.convert_tokens_to_ids("</s>")
+    with torch.no_grad():
+        hf.lm_head.weight[eos] = 0
+    hf.save_pretrained(str(path))
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+    return hf, tok
