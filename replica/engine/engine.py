@@ -246,8 +246,9 @@ class Engine(SessionOps):
     def check_invariant(self) -> PoolSnapshot:
         """Snapshot and check it (strict mode raises ``LeakError``); also the free lists."""
         snap = self.snapshot()
-        self.checker.check(snap)
-        self.pool.check_integrity()
+        page_refs = None
         if self.pool.kv_pool.page_allocator.shared_refs:  # O(pages): only when pages are shared
-            check_page_refs(self.pool, self.sessions, self.scheduler.running)
+            page_refs = check_page_refs(self.pool, self.sessions, self.scheduler.running)
+        self.checker.check(snap, page_refs)
+        self.pool.check_integrity()
         return snap

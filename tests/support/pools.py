@@ -81,10 +81,10 @@ def assert_consistent(
     pool: HybridReqToTokenPool, sessions: StreamingSession, running: Iterable[Req] = ()
 ) -> PoolSnapshot:
     """Strict invariant check plus the allocators' own integrity check."""
+    running = list(running)
     snap = snapshot(pool, sessions, running)
-    InvariantChecker(strict=True).check(snap)
+    InvariantChecker(strict=True).check(snap, check_page_refs(pool, sessions, running))
     pool.check_integrity()
-    check_page_refs(pool, sessions, running)
     if sessions.residency.parker is not None:
         sessions.residency.parker.host.check_integrity()
     return snap
