@@ -48,6 +48,17 @@ def test_draining_and_back():
     assert entry.health == ReplicaHealth.HEALTHY
 
 
+def test_a_drain_that_ends_after_the_replica_died_leaves_it_dead():
+    """The drainer awaits the replica's drain call, then sets the health: a death in between
+    (the health monitor's mark_dead) must win."""
+    registry = ReplicaRegistry()
+    entry = registry.register("r1", object(), desc("r1", "inc-1"))
+    assert registry.mark_dead("r1")
+    for draining in (True, False):
+        registry.set_draining(entry, draining)
+        assert entry.health == ReplicaHealth.DEAD
+
+
 def test_a_replica_dies_once_and_its_incarnation_is_fenced():
     registry, handle = ReplicaRegistry(), object()
     entry = registry.register("r1", handle, desc("r1", "inc-1"))

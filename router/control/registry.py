@@ -74,7 +74,10 @@ class ReplicaRegistry:
         return entry
 
     def set_draining(self, entry: ReplicaEntry, draining: bool) -> None:
-        entry.health = ReplicaHealth.DRAINING if draining else ReplicaHealth.HEALTHY
+        """Drain or resume a live replica; a dead one stays dead (a drain call that was in
+        flight when the replica died must not bring it back)."""
+        if entry.health != ReplicaHealth.DEAD:
+            entry.health = ReplicaHealth.DRAINING if draining else ReplicaHealth.HEALTHY
 
     def mark_dead(self, replica_id: str) -> bool:
         """Declare the replica dead and fence its incarnation; False when it was already dead
