@@ -8,6 +8,7 @@ same token sequence, and the pools back at capacity with nothing leaked at the e
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 
 import httpx2 as httpx
@@ -289,6 +290,15 @@ def test_errors_in_the_apis_shape(served, client, model):
     assert httpx.post(f"{url}/responses", json=[1], headers=auth).status_code == 400
 
 
+def settled(served) -> bool:
+    """No turn runs and the only open sessions are those stored responses hold."""
+    stats = ray.get(served.server.responses.stats.remote())
+    held = sum(n for replica, n in stats.items() if replica)
+    snaps = served.snapshots()
+    running = sum(s.running_requests + s.waiting_requests for s in snaps.values())
+    return running == 0 and sum(s.open_sessions for s in snaps.values()) == held
+
+
 def test_a_client_that_leaves_mid_stream_stores_nothing(served, client, model):
     """The turn is cancelled, its session released, no response stored."""
     store = served.server.responses
@@ -305,15 +315,32 @@ def test_a_client_that_leaves_mid_stream_stores_nothing(served, client, model):
             if deltas == 3:
                 break  # leave: the connection closes with the block
     assert ray.get(store.ids.remote("acme")) == before
+    wait_for(lambda: settled(served), 30, 0.2, "the abandoned turn's session to be released")
+    served.assert_no_leaks()
 
-    def settled():
-        stats = ray.get(store.stats.remote())
-        held = sum(n for replica, n in stats.items() if replica)
-        snaps = served.snapshots()
-        running = sum(s.running_requests + s.waiting_requests for s in snaps.values())
-        return running == 0 and sum(s.open_sessions for s in snaps.values()) == held
 
-    wait_for(settled, 30, 0.2, "the abandoned turn's session to be released")
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 300}),
+        ("responses", {"input": "hi", "max_output_tokens": 300}),
+    ],
+)
+def test_a_client_that_leaves_before_the_first_byte_holds_nothing(served, model, path, body):
+    """The request is sent and the socket closed at once: the answer is never read, so its
+    stream is never iterated. The session is released within seconds (the idle timeout is
+    minutes), not when the generator is collected or the session times out."""
+    host, port = served.server.front.http_url.removeprefix("http://").split("/")[0].split(":")
+    payload = json.dumps({"model": model, "stream": True, "ignore_eos": True, **body}).encode()
+    request = (
+        f"POST /v1/{path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {KEY_A}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+    ).encode() + payload
+    for _ in range(3):
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(request)
+            sock.shutdown(socket.SHUT_RDWR)
+    wait_for(lambda: settled(served), 15, 0.2, "the unread answers' sessions to be released")
     served.assert_no_leaks()
 
 

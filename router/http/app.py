@@ -18,10 +18,12 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route, WebSocketRoute
+from starlette.types import Receive, Scope, Send
 
 from router.gateway.auth import Unauthenticated
 from router.http.errors import ApiError, invalid
 from router.http.front_door import FrontDoor
+from router.http.sse import EventStream
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,21 @@ async def read_object(request: Request) -> dict[str, Any]:
     return body
 
 
+class EventStreamResponse(StreamingResponse):
+    """Server-sent events that are closed however the response ends (sent whole, the client
+    gone, a send that failed), so the turn they hold is let go at once."""
+
+    def __init__(self, events: EventStream) -> None:
+        super().__init__(events, media_type="text/event-stream", headers=SSE_HEADERS)
+        self.events = events
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.events.aclose()
+
+
 def endpoint(front: FrontDoor, name: str, handler: Handler):
     async def run(request: Request) -> Response:
         started, status = time.perf_counter(), 200
@@ -71,9 +88,8 @@ def endpoint(front: FrontDoor, name: str, handler: Handler):
             if isinstance(result, Response):
                 status = result.status_code
                 return result
-            if hasattr(result, "__aiter__"):
-                return StreamingResponse(result, media_type="text/event-stream",
-                                         headers=SSE_HEADERS)  # fmt: skip
+            if isinstance(result, EventStream):
+                return EventStreamResponse(result)
             return JSONResponse(result)
         except ApiError as exc:
             status = exc.status

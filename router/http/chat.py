@@ -18,7 +18,7 @@ from replica.api import SamplingParams
 from router.http import wire
 from router.http.errors import ApiError, invalid
 from router.http.metrics import HttpMetrics
-from router.http.sse import DONE, data, guarded
+from router.http.sse import DONE, EventStream, data, guarded
 from router.http.turns import TurnOutput, Turns, TurnStream
 
 CHAT_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature",
@@ -118,7 +118,7 @@ class Completions:
         answer = shape(answer_id, int(time.time()), self.model_name())
         events = self._run(route.session_id, started, turn, tenant, answer, route_name, cached)
         if turn.stream:
-            return guarded(events)
+            return await EventStream.start(guarded(events))
         async for _ in events:  # the whole turn
             pass
         return answer.whole()

@@ -35,7 +35,7 @@ from router.http.response_items import (
     response_object,
     usage,
 )
-from router.http.sse import data, guarded
+from router.http.sse import EventStream, data, guarded
 from router.http.turns import Turns, TurnStream
 
 FIELDS = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p",
@@ -111,7 +111,7 @@ class Responses:
         made = Made(new_id("resp"), int(time.time()), self.model_name(), body, new_id("msg"))
         run = self._run(made, route, started, prompt, previous, items, conversation, tenant)
         if stream:
-            return guarded(run, named=True)
+            return await EventStream.start(guarded(run, named=True))
         async for _ in run:
             pass
         return made.response
