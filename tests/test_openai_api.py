@@ -292,8 +292,7 @@ def test_errors_in_the_apis_shape(served, client, model):
 
 def settled(served) -> bool:
     """No turn runs and the only open sessions are those stored responses hold."""
-    stats = ray.get(served.server.responses.stats.remote())
-    held = sum(n for replica, n in stats.items() if replica)
+    held = sum(ray.get(served.server.responses.stats.remote()).states.values())
     snaps = served.snapshots()
     running = sum(s.running_requests + s.waiting_requests for s in snaps.values())
     return running == 0 and sum(s.open_sessions for s in snaps.values()) == held
@@ -352,13 +351,17 @@ def test_metrics_count_requests_and_reused_tokens(served, client, model):
     reused = [line for line in text.splitlines() if line.startswith(series)]
     assert reused and float(reused[0].split()[-1]) > 0
 
-    def stored_gauge() -> bool:
+    def stored_gauges() -> bool:
+        lines = httpx.get(served.server.metrics_url).text.splitlines()
+        total = [line for line in lines if line.startswith("session_router_stored_responses ")]
+        states = 'session_router_stored_response_states{replica="replica-0"}'
         return (
-            'session_router_stored_responses{replica="replica-0"}'
-            in httpx.get(served.server.metrics_url).text
+            bool(total)
+            and float(total[0].split()[-1]) > 0
+            and any(line.startswith(states) for line in lines)
         )
 
-    wait_for(stored_gauge, 30, 0.5, "the stored-responses gauge")
+    wait_for(stored_gauges, 30, 0.5, "the stored-responses gauges")
 
 
 def test_the_openai_agents_sdk_runs_two_turns_unchanged(served, client, model, peer):

@@ -90,8 +90,8 @@ class Records(RuleBasedStateMachine):
         assert set(held).isdisjoint(self.released), "a released state still held"
         assert set(held) | set(self.released) == self.sessions, "a state lost track of"
         stats = self.records.stats()
-        assert stats[""] == len(self.records.records)
-        assert sum(n for k, n in stats.items() if k) == len(held)
+        assert stats.responses == len(self.records.records)
+        assert sum(stats.states.values()) == len(held) and all(stats.states.values())
 
 
 TestResponseRecords = Records.TestCase

@@ -35,6 +35,12 @@ class StoredResponse:
     created: float = field(default_factory=time.time)
 
 
+@dataclass(frozen=True, slots=True)
+class StoredCounts:
+    responses: int  # every stored response, with a state or not
+    states: dict[str, int]  # stored responses that hold a state, by replica (none: absent)
+
+
 class ResponseRecords:
     def __init__(
         self,
@@ -98,11 +104,9 @@ class ResponseRecords:
         """``tenant``'s stored responses, oldest first."""
         return [r.response_id for r in self.records.values() if r.tenant == tenant]
 
-    def stats(self) -> dict[str, int]:
-        """Stored states by replica, and ``""``: every record."""
-        out = {replica: len(ids) for replica, ids in self.states.items() if ids}
-        out[""] = len(self.records)
-        return out
+    def stats(self) -> StoredCounts:
+        states = {replica: len(ids) for replica, ids in self.states.items() if ids}
+        return StoredCounts(len(self.records), states)
 
     def _expired(self, record: StoredResponse) -> bool:
         return self.clock() - record.created > self.ttl_s

@@ -8,7 +8,12 @@ import asyncio
 import time
 from typing import Any
 
-from router.control.response_records import Release, ResponseRecords, StoredResponse
+from router.control.response_records import (
+    Release,
+    ResponseRecords,
+    StoredCounts,
+    StoredResponse,
+)
 
 RESPONSES_NAME = "session-router-responses"
 
@@ -37,7 +42,7 @@ class ResponseStore:
     def ids(self, tenant: str) -> list[str]:
         return self.records.ids(tenant)
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> StoredCounts:
         return self.records.stats()
 
 
@@ -65,7 +70,7 @@ class ResponseStoreClient:
     async def ids(self, tenant: str) -> list[str]:
         return await self.handle.ids.remote(tenant)
 
-    async def stats(self) -> dict[str, int]:
+    async def stats(self) -> StoredCounts:
         return await self.handle.stats.remote()
 
 

@@ -23,14 +23,18 @@ class ResponseSweeper:
         registry: CollectorRegistry | None,
         interval_s: float = 10.0,
     ) -> None:
-        """``registry``: where to export the per-replica gauge (None: another gateway does)."""
+        """``registry``: where to export the gauges (None: another gateway does)."""
         self.store, self.turns, self.interval_s = store, turns, interval_s
-        self.gauge = None
+        self.responses = self.states = None
         if registry is not None:
-            self.gauge = Gauge(
+            self.responses = Gauge(
                 "session_router_stored_responses",
-                "Stored Responses-API responses that hold a conversation state, by replica "
-                '(replica="" counts every stored response, with a state or not).',
+                "Stored Responses-API responses, with a conversation state or not.",
+                registry=registry,
+            )
+            self.states = Gauge(
+                "session_router_stored_response_states",
+                "Stored Responses-API responses that hold a conversation state, by replica.",
                 ["replica"],
                 registry=registry,
             )
@@ -47,13 +51,14 @@ class ResponseSweeper:
     async def sweep(self) -> None:
         for session_id, tenant in await self.store.sweep():
             self.turns.release(session_id, tenant)
-        if self.gauge is not None:
+        if self.responses is not None and self.states is not None:
             stats = await self.store.stats()
-            for replica in self._seen - set(stats):
-                self.gauge.remove(replica)
-            for replica, count in stats.items():
-                self.gauge.labels(replica).set(count)
-            self._seen = set(stats)
+            self.responses.set(stats.responses)
+            for replica in self._seen - set(stats.states):
+                self.states.remove(replica)
+            for replica, count in stats.states.items():
+                self.states.labels(replica).set(count)
+            self._seen = set(stats.states)
 
     async def _loop(self) -> None:
         while True:
