@@ -17,13 +17,12 @@ Run: ``python -m bench.sse [--quick] [--threads N]``.
 from __future__ import annotations
 
 import argparse
-from collections import defaultdict
-from collections.abc import Awaitable, Callable
 
 from bench.harness import runner
 from bench.harness.client_process import ClientProcess
 from bench.harness.cluster import LocalCluster
 from bench.harness.cpu import CpuMeter
+from bench.harness.metered_runs import MeteredRuns
 from bench.harness.report import Goal, Table
 from bench.harness.sse_driver import SseClient, run_sse_rounds
 from bench.harness.stats import Spread, ratios
@@ -43,24 +42,15 @@ async def measure(cluster: LocalCluster, args: argparse.Namespace) -> list[Goal]
     rounds = 2 if args.quick else 3
     grpc = await cluster.grpc()
     sse = await ClientProcess.start(cluster.server.front.http_url, connect=SseClient)
-    cpu = CpuMeter({grpc.pid: "grpc client", sse.pid: "sse client"})
-    runs: dict[str, list[TokenRounds]] = defaultdict(list)
-    used = {path: dict.fromkeys(cpu.groups, 0.0) for path in PATHS}
-
-    async def run(path: str, work: Callable[[], Awaitable[TokenRounds]]) -> None:
-        before = cpu.sample()
-        runs[path].append(await work())
-        for group, seconds in CpuMeter.delta(before, cpu.sample()).items():
-            used[path][group] += seconds
-
+    metered = MeteredRuns(CpuMeter({grpc.pid: "grpc client", sse.pid: "sse client"}), PATHS)
     try:
         async with cluster.on_first_replica():
             for _ in range(args.repeats):
-                await run("gRPC", lambda: grpc.token_rounds(SESSIONS, NEW_TOKENS, rounds))
-                await run("SSE", lambda: sse_rounds(sse, rounds))
+                await metered.run("gRPC", lambda: grpc.token_rounds(SESSIONS, NEW_TOKENS, rounds))
+                await metered.run("SSE", lambda: sse_rounds(sse, rounds))
     finally:
         sse.stop()
-    rate = {path: [r.rate for r in runs[path]] for path in PATHS}
+    rate = {path: metered.rates(path) for path in PATHS}
     print(
         f"\ntokens/s, {SESSIONS} concurrent streams on one replica, {NEW_TOKENS} new tokens "
         f"each per round, {rounds} rounds per run (the first warms up), {args.repeats} run(s)"
@@ -70,13 +60,7 @@ async def measure(cluster: LocalCluster, args: argparse.Namespace) -> list[Goal]
         table.add(path, Spread.of(rate[path]).format(",.0f"),
                   ratios(rate[path], rate["gRPC"]).format())  # fmt: skip
     table.print()
-    print("\nCPU seconds per 1,000 tokens by process group (gateway: this process)")
-    table = Table("path", *cpu.groups, "total")
-    for path in PATHS:
-        thousands = sum(run.tokens for run in runs[path]) / 1000
-        per = [used[path][group] / thousands for group in cpu.groups]
-        table.add(path, *(f"{v:.2f}" for v in per), f"{sum(per):.2f}")
-    table.print()
+    metered.print_cpu()
     return [Goal("SSE / gRPC tokens/s", ratios(rate["SSE"], rate["gRPC"]), GOAL_SSE_VS_GRPC)]
 
 

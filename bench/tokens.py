@@ -19,14 +19,13 @@ Run: ``python -m bench.tokens [--quick] [--threads N]``.
 from __future__ import annotations
 
 import argparse
-from collections import defaultdict
-from collections.abc import Awaitable, Callable
 
 from bench.harness import runner
 from bench.harness.cluster import LocalCluster
 from bench.harness.cpu import CpuMeter
 from bench.harness.direct_driver import DirectDriver
 from bench.harness.inprocess_driver import InProcessDriver, build_engine
+from bench.harness.metered_runs import MeteredRuns
 from bench.harness.report import Goal, Table
 from bench.harness.stats import Spread, ratios
 from bench.harness.workload import TokenRounds
@@ -42,15 +41,7 @@ async def measure(cluster: LocalCluster, args: argparse.Namespace) -> list[Goal]
     grpc = await cluster.grpc()
     direct = DirectDriver(cluster.handles[:1])
     inproc = InProcessDriver(build_engine(cluster.replica_config))
-    cpu = CpuMeter({grpc.pid: "client"})
-    runs: dict[str, list[TokenRounds]] = defaultdict(list)
-    used = {path: dict.fromkeys(cpu.groups, 0.0) for path in PATHS}
-
-    async def run(path: str, work: Callable[[], Awaitable[TokenRounds]]) -> None:
-        before = cpu.sample()
-        runs[path].append(await work())
-        for group, seconds in CpuMeter.delta(before, cpu.sample()).items():
-            used[path][group] += seconds
+    metered = MeteredRuns(CpuMeter({grpc.pid: "client"}), PATHS)
 
     async def in_process() -> TokenRounds:  # on this thread: the event loop waits meanwhile
         return inproc.token_rounds(SESSIONS, NEW_TOKENS, rounds)
@@ -58,14 +49,14 @@ async def measure(cluster: LocalCluster, args: argparse.Namespace) -> list[Goal]
     try:
         for _ in range(args.repeats):
             async with cluster.on_first_replica():
-                await run("gRPC", lambda: grpc.token_rounds(SESSIONS, NEW_TOKENS, rounds))
-            await run("actor", lambda: direct.token_rounds(SESSIONS, NEW_TOKENS, rounds))
-            await run("in-process", in_process)
+                await metered.run("gRPC", lambda: grpc.token_rounds(SESSIONS, NEW_TOKENS, rounds))
+            await metered.run("actor", lambda: direct.token_rounds(SESSIONS, NEW_TOKENS, rounds))
+            await metered.run("in-process", in_process)
     finally:
         direct.stop()
-    print_rates(runs, rounds, args.repeats)
-    print_cpu(runs, used, cpu.groups)
-    rate = {path: [r.rate for r in runs[path]] for path in PATHS}
+    print_rates(metered, rounds, args.repeats)
+    metered.print_cpu()
+    rate = {path: metered.rates(path) for path in PATHS}
     print(
         f"\n  actor / in-process tokens/s: {ratios(rate['actor'], rate['in-process']).format()}; "
         f"gRPC / actor: {ratios(rate['gRPC'], rate['actor']).format()}"
@@ -74,7 +65,8 @@ async def measure(cluster: LocalCluster, args: argparse.Namespace) -> list[Goal]
     return [Goal("gRPC / in-process tokens/s", grpc_vs_inproc, GOAL_GRPC_VS_INPROCESS)]
 
 
-def print_rates(runs: dict[str, list[TokenRounds]], rounds: int, repeats: int) -> None:
+def print_rates(metered: MeteredRuns, rounds: int, repeats: int) -> None:
+    runs = metered.runs
     replicas = sorted({r for run in runs["gRPC"] for r in run.replicas})
     print(
         f"\ntokens/s, {SESSIONS} concurrent sessions on one replica (gRPC sessions on "
@@ -82,29 +74,11 @@ def print_rates(runs: dict[str, list[TokenRounds]], rounds: int, repeats: int) -
         f"run (the first warms up), {repeats} run(s) per path"
     )
     table = Table("path", "tokens/s", "vs in-process", "wall s per round (last run)")
-    inproc = [r.rate for r in runs["in-process"]]
+    inproc = metered.rates("in-process")
     for path in PATHS:
-        rates = [r.rate for r in runs[path]]
+        rates = metered.rates(path)
         per_round = ", ".join(f"{s:.2f}" for _, s in runs[path][-1].rounds)
         table.add(path, Spread.of(rates).format(",.0f"), ratios(rates, inproc).format(), per_round)
-    table.print()
-
-
-def print_cpu(
-    runs: dict[str, list[TokenRounds]],
-    used: dict[str, dict[str, float]],
-    groups: tuple[str, ...],
-) -> None:
-    print(
-        "\nCPU seconds per 1,000 tokens by process group, all rounds of all runs (wall: seconds "
-        "per 1,000 tokens; 2 cores give 2 CPU-s per wall second)"
-    )
-    table = Table("path", *groups, "total", "wall")
-    for path in PATHS:
-        thousands = sum(run.tokens for run in runs[path]) / 1000
-        wall = sum(s for run in runs[path] for _, s in run.rounds)
-        per = [used[path][group] / thousands for group in groups]
-        table.add(path, *(f"{v:.2f}" for v in per), f"{sum(per):.2f}", f"{wall / thousands:.2f}")
     table.print()
 
 

@@ -2,7 +2,8 @@
 --head`` cluster, a ``serve`` killed with SIGKILL leaves its router, replicas and stores running
 (detached actors); the next ``serve --address`` attaches to them and every session continues
 exactly where it was (transformers' greedy tokens on the same sequence). A serve that asks for
-another model is refused, saying what differs. A clean SIGTERM, and ``session-router stop`` after
+another model is refused, saying what differs; one whose added replica cannot start exits
+without touching the deployment. A clean SIGTERM, and ``session-router stop`` after
 a crash, leave no actor in the namespace. Run as a user runs them: console scripts in
 subprocesses with a fresh shell's environment."""
 
@@ -136,6 +137,15 @@ def test_a_crashed_serve_leaves_the_sessions_to_the_next(head, checkpoint, tmp_p
                     env={"HOME": str(home)})  # fmt: skip
     assert refused.wait(180) != 0
     assert "already runs a deployment" in tail(tmp_path / "serve-other.log")
+
+    # a serve that attaches, then cannot start the replica it adds (it asks for a GPU the
+    # cluster lacks), exits 1 and takes only what it made: the deployment keeps its actors
+    failed = spawn(tmp_path / "serve-failed.log",
+                   [*serve_args(address, model), "--replicas", "2", "--replica-gpus", "1"],
+                   env={"HOME": str(home)})  # fmt: skip
+    assert failed.wait(180) == 1, tail(tmp_path / "serve-failed.log")
+    assert "attached to the deployment" in tail(tmp_path / "serve-failed.log")
+    assert set(alive(head, [*NAMES, "replica-1"])) == set(NAMES), "a failed start removed actors"
 
     second = ServeProcess.start(tmp_path / "serve-2.log", serve_args(address, model),
                                 env={"HOME": str(home)})  # fmt: skip

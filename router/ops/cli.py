@@ -27,6 +27,7 @@ class Service(Protocol):
     async def start(self) -> None: ...
     def listening(self) -> list[str]: ...
     async def stop(self) -> int | None: ...
+    async def undo_start(self) -> None: ...
 
 
 async def run_until_stopped(service: Service, starting: str, stopping: str) -> int:
@@ -40,7 +41,7 @@ async def run_until_stopped(service: Service, starting: str, stopping: str) -> i
         await service.start()
     except (ReplicaStartError, RouterNotFound, JoinError) as exc:
         print(f"session-router: {exc}", file=sys.stderr, flush=True)
-        await service.stop()
+        await service.undo_start()
         return 1
     # After start: ray.init installs its own SIGTERM handler, which must not win over ours.
     loop = asyncio.get_running_loop()

@@ -80,6 +80,9 @@ class JoinedGateway:
             self.front.security(),
         ]
 
+    async def undo_start(self) -> None:
+        await self.stop()
+
     async def stop(self) -> None:
         """Stop serving and leave Ray; the cluster goes on."""
         await self.front.stop()

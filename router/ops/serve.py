@@ -324,6 +324,17 @@ class Server:
         log.info("started %d replicas", count)
         return ids
 
+    async def undo_start(self) -> None:
+        """After a start that failed: remove what this start made and nothing more. A
+        deployment it attached to keeps serving its sessions (the replicas this start added were
+        removed by ``start_replicas``); one it made is stopped whole."""
+        if not self.attached:
+            await self.stop()
+            return
+        await self.front.stop()
+        if self._started_ray:
+            ray.shutdown()  # leaves the cluster: its detached actors go on
+
     async def stop(self) -> int:
         """Stop serving, release every replica's sessions, stop the actors (and an embedded
         Ray); returns how many sessions the replicas released."""
