@@ -294,14 +294,18 @@ class Server:
                 ask,
                 cfg.replica_start_timeout_s,
             )
-            if cfg.replica.session_checkpoints:
-                for replica_id in ids:
-                    self.stores[replica_id] = await start_store(
-                        replica_id,
-                        self.replicas[replica_id],
-                        descs[replica_id].node_id,
-                        cfg.namespace,
-                    )
+            if cfg.replica.session_checkpoints:  # all at once: each is a process to start
+                stores = await asyncio.gather(*(
+                    start_store(r, self.replicas[r], descs[r].node_id, cfg.namespace) for r in ids
+                ), return_exceptions=True)  # fmt: skip
+                self.stores.update(
+                    (r, store)
+                    for r, store in zip(ids, stores)
+                    if not isinstance(store, BaseException)
+                )  # kept so that a failure below removes them too
+                for store in stores:
+                    if isinstance(store, BaseException):
+                        raise store
             snaps = await asyncio.gather(*(ReplicaClient(self.replicas[r]).snapshot() for r in ids))
             for replica_id, snap in zip(ids, snaps):
                 await RouterReports(self.router).register_replica(
