@@ -17,33 +17,49 @@ if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv"
   python3 -m venv .venv
 fi
-stamp=".venv/.installed$extras"
-if [ ! -f "$stamp" ] || [ constraints.txt -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  echo "[setup] installing session-router$extras (pinned by constraints.txt; torch is the CPU build)"
-  # (some machines' pip configs add local indexes that pip warns about once per package)
-  .venv/bin/pip install --quiet --disable-pip-version-check -c constraints.txt -e ".$extras" \
+# pip: --no-compile leaves byte-compiling to the first import (only what runs is compiled);
+# some machines' pip configs add local indexes that pip warns about once per package.
+pip_install() {  # VENV CONSTRAINTS ARGS...
+  local venv="$1" constraints="$2"
+  shift 2
+  "$venv/bin/pip" install --quiet --no-compile --disable-pip-version-check -c "$constraints" "$@" \
     2> >(grep -v "Location 'file:.*' is ignored" >&2)
-  touch "$stamp"
-fi
-# checkov (the manifests' security checks) pins versions the project's own conflict with, so it
-# gets a venv of its own inside .venv, pinned by constraints-checkov.txt.
+}
+
+install_project() {
+  local stamp=".venv/.installed$extras"
+  if [ ! -f "$stamp" ] || [ constraints.txt -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    echo "[setup] installing session-router$extras (pinned by constraints.txt; torch is the CPU build)"
+    pip_install .venv constraints.txt -e ".$extras"
+    touch "$stamp"
+  fi
+}
+
+# A tool whose pins conflict with the project's gets a venv of its own inside .venv:
+# checkov (the manifests' security checks), and the OpenAI Agents SDK (a client the front door
+# is tested with; it pins websockets below the version Ray's extras need).
+install_tool() {  # NAME PACKAGE CONSTRAINTS
+  local venv=".venv/$1" package="$2" constraints="$3"
+  if [ ! -f "$venv/.installed" ] || [ "$constraints" -nt "$venv/.installed" ]; then
+    echo "[setup] installing $package into $venv (pinned by $constraints)"
+    python3 -m venv "$venv"
+    pip_install "$venv" "$constraints" "$package"
+    touch "$venv/.installed"
+  fi
+}
+
+# The three installs run at once (most of their time is downloading and unpacking).
+pids=()
+install_project & pids+=($!)
 if [ -n "$extras" ]; then
-  ckv_stamp=".venv/checkov/.installed"
-  if [ ! -f "$ckv_stamp" ] || [ constraints-checkov.txt -nt "$ckv_stamp" ]; then
-    echo "[setup] installing checkov into .venv/checkov (pinned by constraints-checkov.txt)"
-    python3 -m venv .venv/checkov
-    .venv/checkov/bin/pip install --quiet --disable-pip-version-check -c constraints-checkov.txt \
-      checkov 2> >(grep -v "Location 'file:.*' is ignored" >&2)
-    touch "$ckv_stamp"
-  fi
-  # the OpenAI Agents SDK (a client the front door is tested with) pins websockets below the
-  # version Ray's extras need: it too gets a venv of its own, pinned by constraints-agents.txt.
-  agents_stamp=".venv/agents/.installed"
-  if [ ! -f "$agents_stamp" ] || [ constraints-agents.txt -nt "$agents_stamp" ]; then
-    echo "[setup] installing the OpenAI Agents SDK into .venv/agents (constraints-agents.txt)"
-    python3 -m venv .venv/agents
-    .venv/agents/bin/pip install --quiet --disable-pip-version-check -c constraints-agents.txt \
-      openai-agents 2> >(grep -v "Location 'file:.*' is ignored" >&2)
-    touch "$agents_stamp"
-  fi
+  install_tool checkov checkov constraints-checkov.txt & pids+=($!)
+  install_tool agents openai-agents constraints-agents.txt & pids+=($!)
+fi
+failed=0
+for pid in "${pids[@]}"; do
+  wait "$pid" || failed=1
+done
+if [ "$failed" -ne 0 ]; then
+  echo "[setup] an install failed (see above)" >&2
+  exit 1
 fi
