@@ -10,16 +10,29 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from replica import failpoints
 from replica.settings import nested, setting
 
+if TYPE_CHECKING:
+    import torch
+
 DEFAULT_IDLE_TIMEOUT_S = 300.0
 # The dtypes a replica keeps weights, recurrent state and KV in (``--dtype`` and its peers).
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DTYPES = ("bfloat16", "float16", "float32")
 AUTO = "auto"
+
+
+def torch_dtype(name: str) -> torch.dtype | None:
+    """The torch dtype ``name`` (one of ``DTYPES``); None for any other name. Torch is imported
+    here, not with this module: the router, the checkpoint stores and the CLI read these
+    settings without loading the model's stack."""
+    if name not in DTYPES:
+        return None
+    import torch
+
+    return getattr(torch, name)
 
 
 @dataclass(frozen=True)
@@ -100,13 +113,15 @@ class PoolConfig:
 
     @property
     def state_torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.state_dtype]
+        dtype = torch_dtype(self.state_dtype)
+        assert dtype is not None  # validated on construction
+        return dtype
 
     @property
     def kv_torch_dtype(self) -> torch.dtype:
         """``kv_dtype``; ``auto`` before a model resolved it (``with_weights_dtype``) is
         float32, the dtype of weights on the CPU."""
-        return DTYPES.get(self.kv_dtype, torch.float32)
+        return torch_dtype(self.kv_dtype) or torch_dtype("float32")
 
     def with_weights_dtype(self, weights: torch.dtype) -> PoolConfig:
         """These pools for a model whose weights are ``weights``: ``kv_dtype`` auto resolved."""
@@ -216,7 +231,7 @@ class ReplicaConfig:
     @property
     def weights_dtype(self) -> torch.dtype | None:
         """``dtype`` as a torch dtype; None for auto (the loader decides, see ``dtype``)."""
-        return DTYPES.get(self.dtype)
+        return torch_dtype(self.dtype)
 
     def __post_init__(self) -> None:
         if self.dtype != AUTO and self.dtype not in DTYPES:

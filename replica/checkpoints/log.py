@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from replica.api import SessionStates
-from replica.sessions.transfer import StateTransfer
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the store reads this package and never needs torch
     from replica.sessions.slot import SessionSlot
+    from replica.sessions.transfer import StateTransfer
 
 
 @dataclass(frozen=True, slots=True)

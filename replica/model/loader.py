@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from replica.config import DTYPES
+from replica.config import torch_dtype
 from replica.model.checkpoint_files import CheckpointError, CheckpointFiles
 from replica.model.config import ModelConfig
 from replica.model.families import FAMILIES, family_of
@@ -133,7 +133,7 @@ def checkpoint_dtype(hf: dict[str, Any]) -> torch.dtype | None:
     """The dtype ``config.json`` says the weights were saved in (``dtype``, older
     ``torch_dtype``), when it names one we keep."""
     name = hf.get("dtype") or hf.get("torch_dtype")
-    return DTYPES.get(name) if isinstance(name, str) else None
+    return torch_dtype(name) if isinstance(name, str) else None
 
 
 def read_config(model_path: str) -> dict[str, Any]:
