@@ -78,6 +78,10 @@ class LiveConversation:
             return None
         if route is not None:
             self.gw.leases.hold(route)
+            # leased now, not at the next renewal: should this gateway die meanwhile, its
+            # replica releases the fork with the connection's session, not at its idle timeout
+            hold = route.replica.hold_sessions(session_ids=[route.session_id], lease_s=LEASE_S)
+            self.gw.background.spawn(hold)
         return route
 
     def started(self, fork: Route | None, route: Route) -> None:
