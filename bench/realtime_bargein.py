@@ -13,8 +13,9 @@ gateway (what a client adds is in the figures).
 The yardstick is the engine step at the same batch, measured two ways: in the run, the time
 between a response's first two deltas (one decode step of the whole batch as a socket sees it),
 and directly, one decode-only step of an in-process engine built as the replica is, with as
-many sessions (``bench.realtime_steps``). Each latency is also printed divided by the step.
-Goal: both latencies under 2 engine steps at p50.
+many sessions (``bench.realtime_steps``). Each latency is also printed divided by the step,
+and beside them how late the shared event loop wakes a 10 ms sleep (the wait every hop through
+the gateway pays on top of its own work). Goal: both latencies under 2 engine steps at p50.
 
 Run: ``python -m bench.realtime_bargein [--quick] [--sockets N]``.
 """
@@ -50,11 +51,23 @@ class Samples:
     cancels: list[float] = dataclasses.field(default_factory=list)
     restarts: list[float] = dataclasses.field(default_factory=list)
     steps: list[float] = dataclasses.field(default_factory=list)
+    lags: list[float] = dataclasses.field(default_factory=list)
 
     def extend(self, other: Samples) -> None:
         self.cancels += other.cancels
         self.restarts += other.restarts
         self.steps += other.steps
+        self.lags += other.lags
+
+
+async def loop_lag(lags: list[float], tick_s: float = 0.01) -> None:
+    """How late the event loop wakes a 10 ms sleep (ms), until cancelled: what every callback
+    of the gateway (and of the clients, which share its loop) waits on top of its own work."""
+    loop = asyncio.get_running_loop()
+    while True:
+        start = loop.time()
+        await asyncio.sleep(tick_s)
+        lags.append((loop.time() - start - tick_s) * 1000)
 
 
 def message(text: str) -> dict:
@@ -105,7 +118,7 @@ async def measure(args: argparse.Namespace) -> tuple[list[Spread], Samples, floa
     pooled = Samples()
     with tempfile.TemporaryDirectory() as path:
         save_long_reply_peer(Path(path))
-        flags = dict(model_path=path, replicas=1, threads=1, max_sessions=max(64, 2 * args.sockets),
+        flags = dict(model_path=path, replicas=1, threads=1, max_sessions=2 * args.sockets + 16,
                      kv_tokens=64 * 1024, max_context=2048, page_size=16)  # fmt: skip
         async with local_cluster(**flags) as cluster:
             client = openai.AsyncOpenAI(
@@ -113,10 +126,12 @@ async def measure(args: argparse.Namespace) -> tuple[list[Spread], Samples, floa
             )
             model = (await client.models.list()).data[0].id
             for _ in range(args.repeats):
+                rep = Samples()
+                lag = asyncio.ensure_future(loop_lag(rep.lags))
                 runs = await asyncio.gather(
                     *(one_socket(client, model, rounds) for _ in range(args.sockets))
                 )
-                rep = Samples()
+                lag.cancel()
                 for run in runs:
                     rep.extend(run)
                 for i, values in enumerate((rep.cancels, rep.restarts, rep.steps)):
@@ -145,6 +160,8 @@ def report(args: argparse.Namespace, spreads: list[Spread], pooled: Samples, ste
               number(p99(pooled.steps), ".1f"), len(pooled.steps), "1.00", "-")  # fmt: skip
     table.add(f"engine step, direct (batch {args.sockets})", number(step, ".1f"), "-", "-", "-",
               "1.00")  # fmt: skip
+    table.add("gateway event loop lag (10 ms sleep overshoot)", number(p50(pooled.lags), ".1f"),
+              number(p99(pooled.lags), ".1f"), len(pooled.lags), "-", "-")  # fmt: skip
     table.print()
     print("  p50: median (min–max) over repetitions; p99 pooled over them")
     return [
