@@ -118,7 +118,8 @@ async def measure(args: argparse.Namespace) -> tuple[list[Spread], Samples, floa
     pooled = Samples()
     with tempfile.TemporaryDirectory() as path:
         save_long_reply_peer(Path(path))
-        flags = dict(model_path=path, replicas=1, threads=1, max_sessions=2 * args.sockets + 16,
+        sessions = args.replica_sessions or 2 * args.sockets + 16
+        flags = dict(model_path=path, replicas=1, threads=1, max_sessions=sessions,
                      kv_tokens=64 * 1024, max_context=2048, page_size=16)  # fmt: skip
         async with local_cluster(**flags) as cluster:
             client = openai.AsyncOpenAI(
@@ -185,6 +186,14 @@ def report(args: argparse.Namespace, spreads: list[Spread], pooled: Samples, ste
 def main() -> None:
     p = cli.parser(__doc__)
     p.add_argument("--sockets", type=int, default=SOCKETS, help=f"sockets at once ({SOCKETS})")
+    p.add_argument(
+        "--max-sessions",
+        dest="replica_sessions",
+        type=int,
+        default=0,
+        help="sessions the replica holds (default: room for each socket's two and 16 more; "
+        "2 x --sockets: exactly at capacity)",
+    )
     args = cli.parse(p)
     t0 = time.perf_counter()
     spreads, pooled, step = asyncio.run(measure(args))
