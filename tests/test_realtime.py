@@ -5,7 +5,9 @@ checkpoint whose replies run to their length) — after a
 plain turn, after a cancel or a barge-in (the reference continued from the prompt plus exactly
 the tokens ``response.done`` reported), after deleting the last exchange (an exact rollback) or
 deleting further back (a replay) — every refused event answered with an ``error`` event on a
-socket that stays usable, and every session released when its socket closes."""
+socket that stays usable, every session released when its socket closes, and a client past a
+per-connection bound (a burst of unread events, or events it never reads the answers to)
+dropped with 1008 alone, its session released."""
 
 from __future__ import annotations
 
