@@ -63,7 +63,9 @@ class GatewayConfig:
         None, "PEM CA bundle: clients must present a certificate it signed (mutual TLS)"
     )
     keepalive_s: float = setting(
-        30.0, "ping idle gRPC connections this often; drop a peer that does not answer in as long"
+        30.0,
+        "ping idle gRPC connections and WebSockets this often; drop a peer that does not answer "
+        "in as long",
     )
     shutdown_grace_s: float = setting(
         10.0,

@@ -5,7 +5,9 @@ checkpoint whose replies run to their length) — after a
 plain turn, after a cancel or a barge-in (the reference continued from the prompt plus exactly
 the tokens ``response.done`` reported), after deleting the last exchange (an exact rollback) or
 deleting further back (a replay) — every refused event answered with an ``error`` event on a
-socket that stays usable, and every session released when its socket closes."""
+socket that stays usable, every session released when its socket closes, and a client past a
+per-connection bound (a burst of unread events, or events it never reads the answers to)
+dropped with 1008 alone, its session released."""
 
 from __future__ import annotations
 
@@ -17,14 +19,26 @@ import httpx2 as httpx
 import openai
 import pytest
 from websockets.exceptions import ConnectionClosed
+from websockets.frames import Frame, Opcode
 from websockets.sync.client import connect as ws_connect
 
+from router.http.realtime_outbox import MAX_OUTBOX_BYTES
+from router.http.websocket_protocol import MAX_UNREAD_MESSAGES
 from tests.support.chat_peer import prompt_ids, save_long_reply_peer
 from tests.support.cluster import ServerThread, wait_for
 from tests.support.hf_peer import hf_greedy
+from tests.support.realtime_turns import (
+    NEW,
+    ask,
+    continued,
+    deltas,
+    reference,
+    until_done,
+    until_done_async,
+    user,
+)
 
 KEY = "key-acme"
-NEW = 8
 LONG = 200
 
 
@@ -74,53 +88,6 @@ def long_prompt(peer):
     out = hf_greedy(hf, ids, LONG, until_eos=True)
     assert len(out) == LONG
     return text, ids, out
-
-
-def reference(peer, ids: list[int], new: int = NEW) -> tuple[list[int], str]:
-    _, hf, tok = peer
-    out = hf_greedy(hf, ids, new, until_eos=True)
-    return out, tok.decode(out, skip_special_tokens=True)
-
-
-def continued(peer, state: list[int], messages: list[dict[str, str]]) -> list[int]:
-    """What a response feeds: the rendering past the text of ``state`` (the session's tokens)."""
-    tok = peer[2]
-    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    prior = tok.decode(state, skip_special_tokens=False)
-    assert text.startswith(prior)
-    return tok.encode(text[len(prior) :], add_special_tokens=False)
-
-
-def user(text: str) -> dict:
-    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
-
-
-def until_done(conn) -> tuple[list, object]:
-    events = []
-    for event in conn:
-        events.append(event)
-        if event.type == "response.done":
-            return events, event.response
-    raise AssertionError("the socket closed before response.done")
-
-
-async def until_done_async(conn) -> tuple[list, object]:
-    events = []
-    async for event in conn:
-        events.append(event)
-        if event.type == "response.done":
-            return events, event.response
-    raise AssertionError("the socket closed before response.done")
-
-
-def deltas(events) -> str:
-    return "".join(e.delta for e in events if e.type == "response.output_text.delta")
-
-
-def ask(conn, text: str) -> tuple[list, object]:
-    conn.conversation.item.create(item=user(text))
-    conn.response.create()
-    return until_done(conn)
 
 
 def test_two_turns_equal_generate(client, model, peer):
@@ -363,22 +330,59 @@ def metric(served, series: str) -> float:
     return float(values[0].split()[-1]) if values else 0.0
 
 
-def test_a_client_that_never_reads_is_dropped(served, model):
-    """Events sent without ever reading the answers: the server drops the connection (its
-    keepalive ping goes unanswered: 1011 after 40 s, or its outbox overflows: 1008) and
-    releases its session."""
+def realtime_socket(served, model, **options):
     url = served.server.front.http_url.replace("http://", "ws://") + f"/realtime?model={model}"
-    auth = {"Authorization": f"Bearer {KEY}"}
-    with ws_connect(url, additional_headers=auth, max_queue=4) as ws:
-        deadline = time.monotonic() + 120
-        with pytest.raises(ConnectionClosed) as closed:
-            while time.monotonic() < deadline:
-                ws.send('{"type": "no.such.event"}')  # each answered with an error event
-    assert closed.value.rcvd is None or closed.value.rcvd.code in (1008, 1011)
+    return ws_connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}, **options)
+
+
+def close_code_after_reading(ws) -> int | None:
+    """Read everything the server sent until the socket ends; the close code it sent."""
+    with pytest.raises(ConnectionClosed) as closed:
+        while True:
+            ws.recv(timeout=30)
+    return closed.value.rcvd.code if closed.value.rcvd is not None else None
+
+
+def released(served, drops_before: float) -> None:
+    """The server counted one more drop with 1008, and the connection's sessions are gone."""
+    wait_for(lambda: metric(served, 'session_router_realtime_dropped_total{code="1008"}')
+             > drops_before, 30, 0.2, "the drop to be counted")  # fmt: skip
     wait_for(lambda: metric(served, "session_router_realtime_sessions") == 0, 30, 0.2,
              "the connection to end")  # fmt: skip
     served.wait_at_capacity(timeout=30)
     served.assert_no_leaks(at_capacity=True)
+
+
+def test_a_burst_past_the_unread_bound_is_dropped_with_1008(served, model):
+    """More client events at once than the server lets wait unread (MAX_UNREAD_MESSAGES, in
+    one write: the server reads them together): closed with 1008, the session released."""
+    drops = metric(served, 'session_router_realtime_dropped_total{code="1008"}')
+    with realtime_socket(served, model) as ws:
+        assert json.loads(ws.recv())["type"] == "session.created"
+        frame = Frame(Opcode.TEXT, b'{"type": "no.such.event"}').serialize(mask=True)
+        ws.socket.sendall(frame * (4 * MAX_UNREAD_MESSAGES))
+        assert close_code_after_reading(ws) == 1008
+    released(served, drops)
+
+
+def test_a_client_that_never_reads_is_dropped_with_1008(served, model):
+    """A client that floods events and never reads the answers (an error event each, of about
+    2 kB): once more than MAX_OUTBOX_BYTES of them wait to be written past what the socket
+    buffers hold, the server drops it with 1008 (not the keepalive's 1011: that takes a minute
+    here) and releases its session; what was queued for it is freed."""
+    drops = metric(served, 'session_router_realtime_dropped_total{code="1008"}')
+    event = json.dumps({"type": "x" * 2000})  # answered by an error naming the type
+    sent = 0
+    with realtime_socket(served, model, max_queue=4) as ws:
+        deadline = time.monotonic() + 60
+        while metric(served, 'session_router_realtime_dropped_total{code="1008"}') == drops:
+            assert time.monotonic() < deadline, f"not dropped after {sent} events"
+            for _ in range(200):
+                ws.send(event)
+            sent += 200
+        assert sent * len(event) > MAX_OUTBOX_BYTES
+        assert close_code_after_reading(ws) == 1008
+    released(served, drops)
 
 
 def test_closing_the_socket_releases_the_session(served, client, model, long_prompt):

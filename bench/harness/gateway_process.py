@@ -3,7 +3,8 @@ benchmarks' local cluster, the tests' ``ray_cluster``).
 
 It runs the command line a user runs (``python -m router.ops.cli gateway --address ...``) with
 this checkout on its path, on any free ports; ``start`` returns once it prints that it is ready,
-with the address it serves gRPC on. ``kill`` is SIGKILL (a gateway that dies), ``stop`` SIGTERM.
+with the address it serves gRPC on (``address``) and the base URL of its OpenAI-compatible API
+(``http_url``). ``kill`` is SIGKILL (a gateway that dies), ``stop`` SIGTERM.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class GatewayProcess:
         )
         self.lines: list[str] = []
         self.address = ""
+        self.http_url = ""
         self._ready = threading.Event()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -46,6 +48,9 @@ class GatewayProcess:
             port = re.search(r"gRPC listening on [^ ]+:(\d+)", line)
             if port:
                 self.address = f"127.0.0.1:{port.group(1)}"
+            api = re.search(r"OpenAI-compatible API on (https?)://[^ ]+:(\d+)/v1", line)
+            if api:
+                self.http_url = f"{api.group(1)}://127.0.0.1:{api.group(2)}/v1"
             if line.startswith(READY):
                 self._ready.set()
         self._ready.set()  # the process ended

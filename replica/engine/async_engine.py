@@ -84,12 +84,14 @@ class AsyncEngine:
         try:
             while not self._stop.is_set():
                 self._apply_commands(block=not self.engine.has_work)
-                events = self.engine.step() if self.engine.has_work else self.engine.take_events()
-                checkpoints = self.engine.take_checkpoints()
-                if not (checkpoints and self._on_checkpoints):
-                    checkpoints = None
-                if events or checkpoints:
-                    self._hand_over(events, checkpoints)
+                if self.engine.has_work:
+                    # what the commands produced (an interrupted turn's end, a refusal) goes out
+                    # now, not one step later with the step's own events
+                    self._hand_over_taken(self.engine.take_events())
+                    events = self.engine.step()
+                else:
+                    events = self.engine.take_events()
+                self._hand_over_taken(events)
                 now = time.monotonic()
                 if now >= next_idle_check:
                     next_idle_check = now + 1.0
@@ -104,6 +106,14 @@ class AsyncEngine:
             log.exception("engine thread died")
             self.error = exc
             self._loop.call_soon_threadsafe(self._failed)
+
+    def _hand_over_taken(self, events: list[TurnEvent]) -> None:
+        """On the engine thread: hand over ``events`` with the checkpoints left so far."""
+        checkpoints = self.engine.take_checkpoints()
+        if not (checkpoints and self._on_checkpoints):
+            checkpoints = None
+        if events or checkpoints:
+            self._hand_over(events, checkpoints)
 
     def _hand_over(self, events: list[TurnEvent], checkpoints: CheckpointBatch | None) -> None:
         """On the engine thread: queue a step's events and checkpoints; wake the event loop

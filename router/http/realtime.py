@@ -6,8 +6,10 @@ token ``openai-insecure-api-key.KEY``; a missing or unknown key, or another mode
 at the handshake (HTTP 401 / 404 in the API's error shape). The session is opened with a
 stream lease (its idle timeout does not apply while the socket is open) and released when the
 socket closes, whichever side closes it. Close codes: 1000 normal; 1003 a binary frame; 1008
-a client that does not read its events (``router.http.realtime_outbox``); 1009 an event over
-1 MiB; 1011 the server could not open a session (no room, no replica).
+a client past a per-connection bound (a burst of events not taken yet,
+``router.http.websocket_protocol``; events it does not read, ``router.http.realtime_outbox``);
+1009 an event over 1 MiB; 1011 the server could not open a session (no room, no replica), or
+the keepalive ping went unanswered.
 """
 
 from __future__ import annotations

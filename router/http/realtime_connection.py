@@ -32,9 +32,10 @@ from router.http.realtime_metrics import RealtimeMetrics
 from router.http.realtime_outbox import Outbox
 from router.http.realtime_response import ResponseRun
 from router.http.turns import Turns
+from router.http.websocket_protocol import MAX_MESSAGE_BYTES, POLICY_VIOLATION
 
 MAX_QUEUED_EVENTS = 64
-MAX_EVENT_BYTES = 1 << 20
+MAX_EVENT_BYTES = MAX_MESSAGE_BYTES  # the protocol refuses bigger ones first (1009)
 CLOSED = object()  # the client closed the socket
 
 
@@ -67,7 +68,9 @@ class RealtimeConnection:
                 await asyncio.wait({taken, overflow, writer}, return_when=asyncio.FIRST_COMPLETED)
                 if overflow.done() or writer.done():  # first: a flood keeps ``taken`` ready
                     taken.cancel()
-                    return 1008 if overflow.done() else None  # a stalled reader; a dead socket
+                    if overflow.done():
+                        return 1008  # a stalled reader
+                    return await self._reader_end(reader)  # a dead socket: why, if the reader knows
                 event = taken.result()
                 if event is CLOSED:
                     return None
@@ -85,18 +88,37 @@ class RealtimeConnection:
                 await self.outbox.flush(1.0)
             writer.cancel()
 
-    async def _read(self) -> None:
+    async def _read(self) -> int | None:
+        """Take client events into ``inputs`` until the socket ends, then CLOSED (the client
+        closed) or the close code to send; returns that code (None: closed)."""
+        code = None
         try:
             while True:
                 text = await self.ws.receive_text()
                 if len(text) > MAX_EVENT_BYTES:
-                    await self.inputs.put(1009)
-                    return
+                    code = 1009
+                    break
                 await self.inputs.put(text)
-        except (WebSocketDisconnect, RuntimeError):
-            await self.inputs.put(CLOSED)
+        except WebSocketDisconnect as exc:  # the protocol drops a flood with 1008
+            code = POLICY_VIOLATION if exc.code == POLICY_VIOLATION else None
+        except RuntimeError:
+            pass
         except KeyError:  # a binary frame: the protocol is JSON text
-            await self.inputs.put(1003)
+            code = 1003
+        await self.inputs.put(CLOSED if code is None else code)
+        return code
+
+    async def _reader_end(self, reader: asyncio.Task) -> int | None:
+        """The close code the reader ends with, once the socket is dead (at most 1 s): the
+        events it still holds are dropped, so it is not kept waiting on a full queue."""
+        deadline = asyncio.get_running_loop().time() + 1.0
+        while not reader.done() and asyncio.get_running_loop().time() < deadline:
+            while not self.inputs.empty():
+                self.inputs.get_nowait()
+            await asyncio.wait({reader}, timeout=0.05)
+        if not reader.done() or reader.cancelled() or reader.exception() is not None:
+            return None
+        return reader.result()
 
     async def _act(self, text: str) -> None:
         event_id = None

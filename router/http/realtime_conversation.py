@@ -71,13 +71,19 @@ class LiveConversation:
         return await self.turns.chat_prompt(messages)
 
     async def fork(self) -> Route | None:
-        """A fork of the session as it is now (None when it cannot be taken: no rollback)."""
+        """A fork of the session as it is now (None when it cannot be taken: no rollback). It
+        does not wait for room: a response starts at once, without a rollback point if need
+        be, rather than wait for another session to end."""
         try:
-            route = await self.turns.fork(self.route.session_id, self.tenant)
+            route = await self.turns.fork(self.route.session_id, self.tenant, wait_s=0.0)
         except ApiError:
             return None
         if route is not None:
             self.gw.leases.hold(route)
+            # leased now, not at the next renewal: should this gateway die meanwhile, its
+            # replica releases the fork with the connection's session, not at its idle timeout
+            hold = route.replica.hold_sessions(session_ids=[route.session_id], lease_s=LEASE_S)
+            self.gw.background.spawn(hold)
         return route
 
     def started(self, fork: Route | None, route: Route) -> None:
@@ -86,7 +92,7 @@ class LiveConversation:
         if route.replica_id != self.route.replica_id:
             self.route = route
             self.gw.leases.hold(route)
-        self._drop_checkpoint()
+        self.drop_checkpoint()
         if fork is not None:
             self.checkpoint = Checkpoint(fork, list(self.held), self.folded)
 
@@ -115,10 +121,12 @@ class LiveConversation:
     async def _replace(self, route: Route) -> None:
         old, self.route = self.route, route
         self.gw.leases.hold(route)
-        self._drop_checkpoint()
+        self.drop_checkpoint()
         await self.release(old)
 
-    def _drop_checkpoint(self) -> None:
+    def drop_checkpoint(self) -> None:
+        """Release the rollback point (idempotent). A new response drops its predecessor's
+        before taking its own, so a connection never holds more than two sessions."""
         if self.checkpoint is not None:
             self.gw.background.spawn(self.release(self.checkpoint.route))
             self.checkpoint = None
@@ -130,7 +138,7 @@ class LiveConversation:
 
     def close(self) -> None:
         """Release the session and its checkpoint in the background (survives cancellation)."""
-        self._drop_checkpoint()
+        self.drop_checkpoint()
         if self.route is not None:
             self.gw.background.spawn(self.release(self.route))
             self.route = None

@@ -166,6 +166,7 @@ class ResponseRun:
         less before the first token); forked again when the prompt replayed into a new
         session."""
         conv, before = self.conv, self.conv.route
+        conv.drop_checkpoint()  # its slot is the new fork's: released first, on the same replica
         forking = asyncio.ensure_future(conv.fork())
         try:
             prompt = await conv.prompt(instructions, index)

@@ -1,7 +1,9 @@
 """``HttpServer``: the front door's app served by uvicorn on the gateway's event loop, beside
 its gRPC server (same host, same TLS files). ``serve`` and ``gateway`` handle SIGINT/SIGTERM
 themselves and stop this server as part of their shutdown, so uvicorn's own signal handling is
-left out."""
+left out. WebSockets use ``BoundedWebSocketProtocol`` (the per-connection bounds) and are pinged
+every ``keepalive_s``, a peer that does not answer within as long dropped with 1011, as gRPC's
+keepalive drops one."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ from collections.abc import Iterator
 
 import uvicorn
 from starlette.applications import Starlette
+
+from router.http.websocket_protocol import MAX_MESSAGE_BYTES, BoundedWebSocketProtocol
 
 
 class _Server(uvicorn.Server):
@@ -28,6 +32,7 @@ class HttpServer:
         host: str,
         port: int,
         tls: tuple[str, str, str | None] | None = None,
+        keepalive_s: float = 30.0,
     ) -> None:
         """``tls``: certificate chain, key and optionally the CA that client certificates
         must be signed by (then clients must present one)."""
@@ -48,8 +53,10 @@ class HttpServer:
             lifespan="off",
             access_log=False,
             timeout_graceful_shutdown=5,
-            ws_ping_interval=20.0,
-            ws_ping_timeout=20.0,
+            ws=BoundedWebSocketProtocol,
+            ws_max_size=MAX_MESSAGE_BYTES,
+            ws_ping_interval=keepalive_s,
+            ws_ping_timeout=keepalive_s,
             **ssl_options,
         )
         self.server = _Server(config)

@@ -80,10 +80,12 @@ class Turns:
         except Refused as exc:
             raise ApiError.of(exc.code, str(exc)) from None
 
-    async def fork(self, session_id: str, tenant: str) -> Route | None:
-        """A fork of ``session_id``; None when that session is gone (released, lost)."""
+    async def fork(self, session_id: str, tenant: str, wait_s: float | None = None) -> Route | None:
+        """A fork of ``session_id``, waiting for room at most ``wait_s`` (None: as an open
+        does); None when that session is gone (released, lost)."""
         try:
-            return await self.gw.fork(session_id, tenant, self.open_wait_s)
+            wait = self.open_wait_s if wait_s is None else wait_s
+            return await self.gw.fork(session_id, tenant, wait)
         except Refused as exc:
             if exc.code in (StatusCode.NOT_FOUND, StatusCode.ABORTED):
                 return None

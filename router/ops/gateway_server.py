@@ -96,7 +96,9 @@ class GatewayServer:
             self.sweeper.start()
         tls = (cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca) if cfg.tls else None
         host = "0.0.0.0" if self.all_interfaces else cfg.host
-        self.http = HttpServer(build_app(self.front_door), host, cfg.http_port, tls)
+        self.http = HttpServer(
+            build_app(self.front_door), host, cfg.http_port, tls, cfg.keepalive_s
+        )
         await self.http.start()
 
     def listening(self) -> tuple[str, str, str]:
