@@ -101,13 +101,15 @@ class ReplicaActor(SessionsAPI, TurnCalls, SessionMovesAPI, CheckpointsAPI):
 
             dispatch = self.outputs.dispatch
             if self.config.session_checkpoints:
-                log_ = self.engine.checkpoints
                 outbox = self.checkpoint_outbox = CheckpointOutbox(
-                    dispatch,
-                    self.config.pools.max_open_sessions,
-                    lambda on: setattr(log_, "enabled", on),
+                    dispatch, self.config.pools.max_open_sessions, self._checkpoints_connected
                 )
-                self.engine.checkpoint_accounting = lambda: (outbox.pool_stats(), outbox.stats())
+                open_ids = self.engine.sessions.sessions  # read on the engine thread
+                noted = self.engine.checkpoints.noted
+                self.engine.checkpoint_accounting = lambda: (
+                    outbox.pool_stats(),
+                    outbox.stats(open_ids, noted),
+                )
                 dispatch = outbox.dispatch
             self._async = AsyncEngine(
                 self.engine,
@@ -126,6 +128,8 @@ class ReplicaActor(SessionsAPI, TurnCalls, SessionMovesAPI, CheckpointsAPI):
                     "drop_snapshots" in self.config.failpoints,
                 )
                 self._spawn(self._reporter.run())
+            if self.checkpoint_outbox is not None:
+                self._spawn(self._watch_checkpoint_store())
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)

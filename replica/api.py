@@ -434,6 +434,8 @@ class CheckpointStats:
     written_total: int = 0  # checkpoints written (one per session whose state changed)
     bytes_written_total: int = 0
     bytes_held: int = 0  # what its store holds now
+    unprotected: int = 0  # open sessions of which its store holds no checkpoint now
+    recheckpointed_total: int = 0  # sessions checkpointed again because a new store followed
 
 
 @dataclass(frozen=True, slots=True)

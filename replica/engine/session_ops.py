@@ -147,6 +147,15 @@ class SessionOps:
         if self.checkpoints is not None:
             self.checkpoints.changed(slots)
 
+    def checkpoint_all(self) -> int:
+        """Note every open session changed (a new store follows, which holds none of them): each
+        is checkpointed after this step, or at its turn's end; returns how many."""
+        if self.checkpoints is None:
+            return 0
+        slots = list(self.sessions.sessions.values())
+        self.checkpoints.renew(slots)
+        return len(slots)
+
     def take_checkpoints(self) -> CheckpointBatch | None:
         """What the steps since the last call leave to checkpoint (None: checkpoints off)."""
         if self.checkpoints is None:

@@ -139,6 +139,13 @@ class RouterClient:
             lambda: self.handle.replica_failed.remote(replica_id, why, wait), retry
         )
 
+    async def replace_checkpoint_store(
+        self, *, replica_id: str, store: Any, retry: bool = True
+    ) -> bool | ActorError:
+        return await self._call(
+            lambda: self.handle.replace_checkpoint_store.remote(replica_id, store), retry
+        )
+
     async def retire_replica(self, *, replica_id: str, retry: bool = True) -> bool | ActorError:
         return await self._call(lambda: self.handle.retire_replica.remote(replica_id), retry)
 

@@ -1,7 +1,8 @@
 """``ClusterCalls``: the router's calls that change its tables directly, on news from outside
 (mixed into ``SessionRouter``): gateways' batched pins and forgets of sessions they opened or
-released on a replica themselves, the replicas' handles for those opens, and the retirement of a
-replica the serve process removes (autoscaling).
+released on a replica themselves, the replicas' handles for those opens, the retirement of a
+replica the serve process removes (autoscaling), and a replica's new checkpoint store (its old
+one died).
 """
 
 from __future__ import annotations
@@ -53,6 +54,15 @@ class ClusterCalls:
     async def replica_handles(self) -> dict[str, Any]:
         """The actor handle of every live replica, by id (gateways open sessions on them)."""
         return self.replicas.live_handles()
+
+    async def replace_checkpoint_store(self, replica_id: str, store: Any) -> bool:
+        """``store`` now keeps ``replica_id``'s checkpoints (its failover reads them there); False
+        when the replica is not a live one here (the caller ends ``store``)."""
+        entry = self.replicas.get(replica_id)
+        if entry is None or entry.health == ReplicaHealth.DEAD:
+            return False
+        entry.checkpoints = store
+        return True
 
     async def retire_replica(self, replica_id: str) -> bool | ActorError:
         """Forget a draining replica that holds no session, before the serve process stops it:
