@@ -64,6 +64,10 @@ class RouterReporter:
             self._released = released + self._released  # tell the router next time
             raise
         if not known and not self.dead:
+            # a router that does not know this replica (it restarted) dropped ``released``: tell
+            # it again once registered, or a gateway's pin of one of them that lands later
+            # would stay in its table with no session behind it
+            self._released = released + self._released
             handle, desc, tenants, snapshot, checkpoints = await self.registration()
             await self.router.register_replica(
                 replica_id=self.replica_id,

@@ -134,7 +134,7 @@ class SessionRouter(AdminCalls, ClusterCalls):
         if entry.health == ReplicaHealth.DEAD:
             return False
         for sid in released:
-            self.sessions.forget(sid, snapshot.replica_id)
+            self.sessions.released_by(sid, snapshot.replica_id)
         await self.opener.notify_room()
         return True
 
