@@ -104,11 +104,18 @@ class ReplicaActor(SessionsAPI, TurnCalls, SessionMovesAPI, CheckpointsAPI):
                 outbox = self.checkpoint_outbox = CheckpointOutbox(
                     dispatch, self.config.pools.max_open_sessions, self._checkpoints_connected
                 )
-                open_ids = self.engine.sessions.sessions  # read on the engine thread
+                open_slots = self.engine.sessions.sessions  # read on the engine thread
                 noted = self.engine.checkpoints.noted
+
+                def covered(sid: str) -> bool:
+                    """Its checkpoint is on its way, or it holds nothing yet: a failover
+                    opens it again, empty (``router.control.failover``)."""
+                    slot = open_slots.get(sid)
+                    return noted(sid) or (slot is not None and slot.committed_tokens == 0)
+
                 self.engine.checkpoint_accounting = lambda: (
                     outbox.pool_stats(),
-                    outbox.stats(open_ids, noted),
+                    outbox.stats(open_slots, covered),
                 )
                 dispatch = outbox.dispatch
             self._async = AsyncEngine(

@@ -249,8 +249,9 @@ class CheckpointOutbox:
         self, open_sessions: Iterable[str] = (), noted: Callable[[str], bool] = lambda s: False
     ) -> CheckpointStats:
         """The totals, and how many of ``open_sessions`` have no checkpoint in the store: all
-        while no store follows; else those not stored, except a first checkpoint on its way
-        (``noted``) while acknowledgements are on time and its turn's end was not let go."""
+        while no store follows; else those not stored, except those ``noted`` (a first
+        checkpoint on its way, or nothing to lose yet) while acknowledgements are on time and
+        its turn's end was not let go."""
         protected, prompt = self.protected, self.connected and not self.acks_late
         unprotected = sum(
             1

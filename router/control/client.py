@@ -107,7 +107,7 @@ class RouterClient:
     async def update_sessions(
         self,
         *,
-        pins: list[tuple[str, str, str]],
+        pins: list[tuple[str, str, str, float | None]],
         forgets: list[tuple[str, str]],
         snapshots: list[PoolSnapshot],
         retry: bool = True,

@@ -7,8 +7,12 @@ When a replica is declared dead (its process died, its engine loop died, it stop
 3. they are imported on live replicas with room, chosen by placement, one batch per target; a
    target fetches each checkpoint straight from the object store. Sessions that find no room
    wait for room (a replacement replica joins empty) up to ``wait_s``;
-4. the restored sessions are pinned to their new replicas; the others (no checkpoint, or no
-   room in time) become ABORTED tombstones; then the store is ended.
+4. a session with no checkpoint there that was opened empty after that store began to follow
+   the replica (``BlankOpen``) committed nothing a client saw (a turn's end waits for its
+   checkpoint): it is opened again, empty, with the same id, tenant and idle timeout;
+5. the restored and reopened sessions are pinned to their new replicas; the others (no
+   checkpoint and not blank, the store unreachable, or no room in time) become ABORTED
+   tombstones; then the store is ended.
 The ``FailoverOutcome`` is what gateways end the calls in flight with: UNAVAILABLE ("retry the
 turn; the session continues at committed_tokens N") for a restored session, ABORTED for a lost
 one. There is one failover per dead replica; every caller gets its outcome.
@@ -29,7 +33,7 @@ from router.call_errors import CallFailure, FailureKind, log_failure, object_los
 from router.control.api import FailoverOutcome
 from router.control.migration import Migrator
 from router.control.registry import ReplicaRegistry
-from router.control.table import ReplicaEntry, SessionTable
+from router.control.table import ReplicaEntry, SessionEntry, SessionTable
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +73,11 @@ class Failover:
             self.sessions.sessions_of(replica_id), replica_id
         )
         try:
-            found = await self._checkpoints(entry, list(claimed))
+            found, answered = await self._checkpoints(entry, list(claimed))
             restored = await self._restore(found, replica_id) if found else {}
+            if answered:
+                blank = self._blank(entry, [sid for sid in claimed if sid not in found])
+                restored.update(await self._reopen(blank, replica_id) if blank else {})
             lost = tuple(sid for sid in claimed if sid not in restored)
             entry.lost += self.sessions.abort(list(lost))
             entry.migrated[MigrationReason.FAILOVER.value] += len(restored)
@@ -89,14 +96,87 @@ class Failover:
                 except Exception as exc:  # noqa: BLE001 - gone already
                     log.info("end of the checkpoint store of %s: %s", replica_id, exc)
 
-    async def _checkpoints(self, entry: ReplicaEntry, ids: list[str]) -> dict[str, Any]:
+    async def _checkpoints(
+        self, entry: ReplicaEntry, ids: list[str]
+    ) -> tuple[dict[str, Any], bool]:
+        """The checkpoints of ``ids`` the dead replica's store holds, and whether it answered."""
         if entry.checkpoints is None or not ids:
-            return {}
+            return {}, False
         try:
-            return await entry.store.checkpoints(session_ids=ids, wait_s=STORE_WAIT_S)
+            return await entry.store.checkpoints(session_ids=ids, wait_s=STORE_WAIT_S), True
         except Exception as exc:  # noqa: BLE001 - the store died too: nothing to restore
             log.error("checkpoint store unreachable: %s", exc)
+            return {}, False
+
+    def _blank(self, dead: ReplicaEntry, ids: list[str]) -> dict[str, SessionEntry]:
+        """Those of ``ids`` (no checkpoint found) opened empty since the store that answered
+        followed the dead replica: they committed nothing a client saw, so they open again.
+        None when the replica's last snapshot counted sessions unprotected (a turn's end was let
+        go without its checkpoint, or acknowledgements were late): any of them may have."""
+        snap = dead.snapshot
+        if snap is None or snap.checkpoints.unprotected:
             return {}
+        blank = {}
+        for sid in ids:
+            session = self.sessions.get(sid)
+            if session and session.blank and session.blank.store_epoch == dead.store_epoch:
+                blank[sid] = session
+        return blank
+
+    async def _reopen(self, blank: dict[str, SessionEntry], dead: str) -> dict[str, int]:
+        """Open ``blank`` again, empty, on live replicas with room (same id, tenant and idle
+        timeout); returns those opened, each at 0 committed tokens."""
+        reopened: dict[str, int] = {}
+        pending, excluded = sorted(blank), {dead}
+        deadline = time.monotonic() + self.wait_s
+        while pending:
+            groups = self.migrator.assign(pending, None, excluded)
+            if not groups:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                await self.wait_for_room(min(1.0, left))
+                excluded = {dead}
+                continue
+            pending = []
+            for target, ids in groups.items():
+                landed, full = await self._open_empty(target, [blank[s] for s in ids])
+                reopened.update(dict.fromkeys(landed, 0))
+                pending += full
+                if full:
+                    excluded.add(target)
+        return reopened
+
+    async def _open_empty(
+        self, target: str, sessions: list[SessionEntry]
+    ) -> tuple[list[str], list[str]]:
+        """Open ``sessions`` empty on ``target``; returns (opened, refused for want of room)."""
+        entry = self.replicas[target]
+        requests = [(s.session_id, s.blank.idle_timeout_s, "", s.tenant, 0.0) for s in sessions]
+        ids = [s.session_id for s in sessions]
+        entry.reserved += len(ids)
+        try:
+            opened = await entry.replica.open_sessions(requests=requests)
+        except Exception as exc:  # noqa: BLE001 - blamed on the target; the others are tried
+            failure = CallFailure.of("open_sessions", f"replica {target}", exc)
+            log_failure(log, failure)
+            entry.call_errors[failure.method, failure.kind.value] += 1
+            if failure.kind is FailureKind.DEAD:
+                await self.on_dead(target, f"open_sessions failed: {failure.cause}")
+            return [], ids
+        finally:
+            entry.reserved -= len(ids)
+        if isinstance(opened, ActorError):
+            return [], ids
+        entry.take(opened.snapshot)
+        landed = [sid for sid, r in zip(ids, opened.results) if not isinstance(r, ActorError)]
+        full = [
+            sid
+            for sid, r in zip(ids, opened.results)
+            if isinstance(r, ActorError) and r.code == StatusCode.RESOURCE_EXHAUSTED
+        ]
+        self.migrator.claims.land(landed, target)
+        return landed, full
 
     async def _restore(self, found: dict[str, Any], dead: str) -> dict[str, int]:
         """Import ``found`` (session id -> (meta, [checkpoint ref])) on live replicas; returns
