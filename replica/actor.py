@@ -150,6 +150,7 @@ class ReplicaActor(SessionsAPI, TurnCalls, SessionMovesAPI, CheckpointsAPI):
             await self._call(self.engine.session_tenants),
             self._async.latest_snapshot,
             self.checkpoint_store,
+            await self._call(self.engine.blank_sessions),
         )
 
     def _note_released(self, session_ids: list[str]) -> None:

@@ -24,7 +24,8 @@ class TurnHolds:
     def __init__(self, send: Callable[[list[TurnEvent]], None], hold_s: float = HOLD_S) -> None:
         self.send = send
         self.hold_s = hold_s
-        self.given_up: set[str] = set()  # sessions whose wait outlasted ``hold_s``
+        # sessions whose wait outlasted ``hold_s``; replaced whole, read by the engine thread
+        self.given_up: frozenset[str] = frozenset()
         self.overdue_total = 0  # holds released by the bound, so far
         self._held: dict[str, list[TurnEvent]] = {}
         self._since: dict[str, float] = {}  # session id -> when its first held event came
@@ -47,19 +48,21 @@ class TurnHolds:
 
     def stored(self, session_id: str) -> None:
         """A checkpoint of the session is stored: hold its turn endings again from now on."""
-        self.given_up.discard(session_id)
+        self.given_up = self.given_up - {session_id}
         self.release(session_id)
 
     def forget(self, session_id: str) -> None:
         """The session was released."""
-        self.given_up.discard(session_id)
+        if session_id in self.given_up:
+            self.given_up = self.given_up - {session_id}
 
     def release_overdue(self) -> int:
         """Send on every hold older than ``hold_s``; returns how many."""
         now = time.monotonic()
         late = [sid for sid, since in self._since.items() if now - since > self.hold_s]
+        if late:
+            self.given_up = self.given_up.union(late)
         for session_id in late:
-            self.given_up.add(session_id)
             self.release(session_id)
         self.overdue_total += len(late)
         return len(late)
@@ -68,4 +71,4 @@ class TurnHolds:
         """The store is gone: send every held event on."""
         for session_id in list(self._held):
             self.release(session_id)
-        self.given_up.clear()
+        self.given_up = frozenset()

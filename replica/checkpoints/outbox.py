@@ -253,11 +253,11 @@ class CheckpointOutbox:
         checkpoint on its way, or nothing to lose yet) while acknowledgements are on time and
         its turn's end was not let go."""
         protected, prompt = self.protected, self.connected and not self.acks_late
+        let_go = self.holds.given_up
         unprotected = sum(
             1
             for sid in open_sessions
-            if sid not in protected
-            and not (prompt and noted(sid) and sid not in self.holds.given_up)
+            if sid not in protected and not (prompt and noted(sid) and sid not in let_go)
         )
         totals = self.written_total, self.bytes_written_total, self._acked[2]
-        return CheckpointStats(*totals, unprotected, self.recheckpointed_total)
+        return CheckpointStats(*totals, unprotected, self.recheckpointed_total, let_go)

@@ -116,6 +116,15 @@ class SessionOps:
             if s.close_reason is None
         }
 
+    def blank_sessions(self) -> dict[str, float]:
+        """The open sessions that hold nothing yet (no token committed), and their idle
+        timeouts: a failover that finds no checkpoint of one may open it again, empty."""
+        return {
+            s.session_id: s.idle_timeout_s
+            for s in self.sessions.sessions.values()
+            if s.close_reason is None and s.committed_tokens == 0
+        }
+
     def release_idle(self) -> list[str]:
         """Release the sessions idle past their timeout, except those with a turn waiting and
         those a stream holds open (``leases``); returns their ids."""

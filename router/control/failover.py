@@ -110,17 +110,24 @@ class Failover:
 
     def _blank(self, dead: ReplicaEntry, ids: list[str]) -> dict[str, SessionEntry]:
         """Those of ``ids`` (no checkpoint found) opened empty since the store that answered
-        followed the dead replica: they committed nothing a client saw, so they open again.
-        None when the replica's last snapshot counted sessions unprotected (a turn's end was let
-        go without its checkpoint, or acknowledgements were late): any of them may have."""
-        snap = dead.snapshot
-        if snap is None or snap.checkpoints.unprotected:
-            return {}
+        followed the dead replica: they committed nothing a client saw (a turn's end waits for
+        its checkpoint), so they open again; except those whose turn's end the replica's last
+        snapshot says went out without one (``let_go``)."""
+        let_go = dead.snapshot.checkpoints.let_go if dead.snapshot is not None else frozenset()
         blank = {}
         for sid in ids:
             session = self.sessions.get(sid)
-            if session and session.blank and session.blank.store_epoch == dead.store_epoch:
+            if (
+                session
+                and session.blank
+                and session.blank.store_epoch == dead.store_epoch
+                and sid not in let_go
+            ):
                 blank[sid] = session
+        if len(blank) < len(ids):
+            log.warning("%d sessions without a checkpoint cannot be opened again empty: they "
+                        "moved, were forked or opened with a prefix, or a turn of theirs ended "
+                        "without one", len(ids) - len(blank))  # fmt: skip
         return blank
 
     async def _reopen(self, blank: dict[str, SessionEntry], dead: str) -> dict[str, int]:
