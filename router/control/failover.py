@@ -174,14 +174,17 @@ class Failover:
         finally:
             entry.reserved -= len(ids)
         if isinstance(opened, ActorError):
+            log.warning("%s refused to open sessions again: %s", target, opened.message)
             return [], ids
         entry.take(opened.snapshot)
-        landed = [sid for sid, r in zip(ids, opened.results) if not isinstance(r, ActorError)]
-        full = [
-            sid
-            for sid, r in zip(ids, opened.results)
-            if isinstance(r, ActorError) and r.code == StatusCode.RESOURCE_EXHAUSTED
-        ]
+        landed, full = [], []
+        for sid, result in zip(ids, opened.results):
+            if not isinstance(result, ActorError):
+                landed.append(sid)
+            elif result.code == StatusCode.RESOURCE_EXHAUSTED:
+                full.append(sid)
+            else:
+                log.warning("%s refused to open %s again: %s", target, sid[:16], result.message)
         self.migrator.claims.land(landed, target)
         return landed, full
 
@@ -210,6 +213,10 @@ class Failover:
                     if why.code == StatusCode.RESOURCE_EXHAUSTED:
                         pending.append(sid)
                         excluded.add(tid)
+                    else:
+                        log.warning("%s refused session %s: %s", tid, sid[:16], why.message)
+        if pending:
+            log.warning("%d sessions found no room within %.0f s", len(pending), self.wait_s)
         return restored
 
     async def _import(
