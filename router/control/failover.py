@@ -79,6 +79,14 @@ class Failover:
                 blank = self._blank(entry, [sid for sid in claimed if sid not in found])
                 restored.update(await self._reopen(blank, replica_id) if blank else {})
             lost = tuple(sid for sid in claimed if sid not in restored)
+            if lost:
+                log.warning(
+                    "replica %s: %d checkpoints found, store answered %s; lost %s",
+                    replica_id,
+                    len(found),
+                    answered,
+                    ", ".join(sid[:12] for sid in lost),
+                )
             entry.lost += self.sessions.abort(list(lost))
             entry.migrated[MigrationReason.FAILOVER.value] += len(restored)
             log.error(
@@ -145,13 +153,15 @@ class Failover:
                 await self.wait_for_room(min(1.0, left))
                 excluded = {dead}
                 continue
-            pending = []
+            pending = unassigned(pending, groups)
             for target, ids in groups.items():
                 landed, full = await self._open_empty(target, [blank[s] for s in ids])
                 reopened.update(dict.fromkeys(landed, 0))
                 pending += full
                 if full:
                     excluded.add(target)
+        if pending:
+            log.warning("%d sessions found no room to open again in time", len(pending))
         return reopened
 
     async def _open_empty(
@@ -206,7 +216,7 @@ class Failover:
             outcomes = await asyncio.gather(
                 *(self._import(tid, sids, found) for tid, sids in groups.items())
             )
-            pending = []
+            pending = unassigned(pending, groups)  # no room in view for them: they wait
             for tid, (landed, refused) in zip(groups, outcomes):
                 restored.update(landed)
                 for sid, why in refused.items():
@@ -247,3 +257,10 @@ class Failover:
         landed = {info.session_id: info.committed_tokens for info in imported.opened}
         self.migrator.claims.land(list(landed), target)
         return landed, imported.refused
+
+
+def unassigned(ids: list[str], groups: dict[str, list[str]]) -> list[str]:
+    """Those of ``ids`` that placement gave no target (it ran out of room in view): they wait
+    for room with the refused ones, never dropped."""
+    assigned = {sid for sids in groups.values() for sid in sids}
+    return [sid for sid in ids if sid not in assigned]
