@@ -53,8 +53,9 @@ class ChaosConfig:
     replicas: int = 2
     replica_kills: int = 4
     router_kills: int = 2
-    # the faults of partial failures: off by default until their runs heal (docs/benchmarks.md)
-    store_kills: int = 0
+    store_kills: int = 1  # a dead store is replaced and its sessions checkpointed again
+    # the other faults of partial failures: off by default until their runs heal
+    # (docs/benchmarks.md)
     replica_stops: int = 0
     migration_kills: int = 0
     drain_kills: int = 0
