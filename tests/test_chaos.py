@@ -1,7 +1,8 @@
 """A short run of the fault-injection soak (``bench/chaos.py``): misbehaving sessions while a
 replica, the router and a checkpoint store are SIGKILLed; the cluster must heal to --replicas
-healthy replicas with no session lost or doubled, every pool at capacity, 0 leaked, an empty router table, only live replicas in
-/metrics, and every session completed or ended with a documented status code, no call hung."""
+healthy replicas with no session lost or doubled, every pool at capacity, 0 leaked, an empty
+router table, only live replicas in /metrics, and every session completed or ended with a
+documented status code, no call hung."""
 
 from __future__ import annotations
 
