@@ -8,8 +8,8 @@ When a replica is declared dead (its process died, its engine loop died, it stop
    target fetches each checkpoint straight from the object store. Sessions that find no room
    wait for room (a replacement replica joins empty) up to ``wait_s``;
 4. a session with no checkpoint there that was opened empty after that store began to follow
-   the replica (``BlankOpen``) committed nothing a client saw (a turn's end waits for its
-   checkpoint): it is opened again, empty, with the same id, tenant and idle timeout;
+   the replica committed nothing a client saw (a turn's end waits for its checkpoint): it is
+   opened again, empty, with the same id, tenant and idle timeout (``BlankReopen``);
 5. the restored and reopened sessions are pinned to their new replicas; the others (no
    checkpoint and not blank, the store unreachable, or no room in time) become ABORTED
    tombstones; then the store is ended.
@@ -31,9 +31,10 @@ import ray
 from replica.api import ActorError, MigrationReason, StatusCode
 from router.call_errors import CallFailure, FailureKind, log_failure, object_lost
 from router.control.api import FailoverOutcome
+from router.control.blank_reopen import BlankReopen, unassigned
 from router.control.migration import Migrator
 from router.control.registry import ReplicaRegistry
-from router.control.table import ReplicaEntry, SessionEntry, SessionTable
+from router.control.table import ReplicaEntry, SessionTable
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ class Failover:
         self.wait_for_room = wait_for_room
         self.on_dead = on_dead
         self.wait_s = wait_s
+        self.blank = BlankReopen(replicas, sessions, migrator, wait_for_room, on_dead, wait_s)
 
     def start(self, replica_id: str) -> None:
         entry = self.replicas[replica_id]
@@ -76,8 +78,8 @@ class Failover:
             found, answered = await self._checkpoints(entry, list(claimed))
             restored = await self._restore(found, replica_id) if found else {}
             if answered:
-                blank = self._blank(entry, [sid for sid in claimed if sid not in found])
-                restored.update(await self._reopen(blank, replica_id) if blank else {})
+                blank = self.blank.select(entry, [sid for sid in claimed if sid not in found])
+                restored.update(await self.blank.reopen(blank, replica_id) if blank else {})
             lost = tuple(sid for sid in claimed if sid not in restored)
             if lost:
                 log.warning(
@@ -115,88 +117,6 @@ class Failover:
         except Exception as exc:  # noqa: BLE001 - the store died too: nothing to restore
             log.error("checkpoint store unreachable: %s", exc)
             return {}, False
-
-    def _blank(self, dead: ReplicaEntry, ids: list[str]) -> dict[str, SessionEntry]:
-        """Those of ``ids`` (no checkpoint found) opened empty since the store that answered
-        followed the dead replica: they committed nothing a client saw (a turn's end waits for
-        its checkpoint), so they open again; except those whose turn's end the replica's last
-        snapshot says went out without one (``let_go``)."""
-        let_go = dead.snapshot.checkpoints.let_go if dead.snapshot is not None else frozenset()
-        blank = {}
-        for sid in ids:
-            session = self.sessions.get(sid)
-            if (
-                session
-                and session.blank
-                and session.blank.store_epoch == dead.store_epoch
-                and sid not in let_go
-            ):
-                blank[sid] = session
-        if len(blank) < len(ids):
-            log.warning("%d sessions without a checkpoint cannot be opened again empty: they "
-                        "moved, were forked or opened with a prefix, or a turn of theirs ended "
-                        "without one", len(ids) - len(blank))  # fmt: skip
-        return blank
-
-    async def _reopen(self, blank: dict[str, SessionEntry], dead: str) -> dict[str, int]:
-        """Open ``blank`` again, empty, on live replicas with room (same id, tenant and idle
-        timeout); returns those opened, each at 0 committed tokens."""
-        reopened: dict[str, int] = {}
-        pending, excluded = sorted(blank), {dead}
-        deadline = time.monotonic() + self.wait_s
-        while pending:
-            groups = self.migrator.assign(pending, None, excluded)
-            if not groups:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                await self.wait_for_room(min(1.0, left))
-                excluded = {dead}
-                continue
-            pending = unassigned(pending, groups)
-            for target, ids in groups.items():
-                landed, full = await self._open_empty(target, [blank[s] for s in ids])
-                reopened.update(dict.fromkeys(landed, 0))
-                pending += full
-                if full:
-                    excluded.add(target)
-        if pending:
-            log.warning("%d sessions found no room to open again in time", len(pending))
-        return reopened
-
-    async def _open_empty(
-        self, target: str, sessions: list[SessionEntry]
-    ) -> tuple[list[str], list[str]]:
-        """Open ``sessions`` empty on ``target``; returns (opened, refused for want of room)."""
-        entry = self.replicas[target]
-        requests = [(s.session_id, s.blank.idle_timeout_s, "", s.tenant, 0.0) for s in sessions]
-        ids = [s.session_id for s in sessions]
-        entry.reserved += len(ids)
-        try:
-            opened = await entry.replica.open_sessions(requests=requests)
-        except Exception as exc:  # noqa: BLE001 - blamed on the target; the others are tried
-            failure = CallFailure.of("open_sessions", f"replica {target}", exc)
-            log_failure(log, failure)
-            entry.call_errors[failure.method, failure.kind.value] += 1
-            if failure.kind is FailureKind.DEAD:
-                await self.on_dead(target, f"open_sessions failed: {failure.cause}")
-            return [], ids
-        finally:
-            entry.reserved -= len(ids)
-        if isinstance(opened, ActorError):
-            log.warning("%s refused to open sessions again: %s", target, opened.message)
-            return [], ids
-        entry.take(opened.snapshot)
-        landed, full = [], []
-        for sid, result in zip(ids, opened.results):
-            if not isinstance(result, ActorError):
-                landed.append(sid)
-            elif result.code == StatusCode.RESOURCE_EXHAUSTED:
-                full.append(sid)
-            else:
-                log.warning("%s refused to open %s again: %s", target, sid[:16], result.message)
-        self.migrator.claims.land(landed, target)
-        return landed, full
 
     async def _restore(self, found: dict[str, Any], dead: str) -> dict[str, int]:
         """Import ``found`` (session id -> (meta, [checkpoint ref])) on live replicas; returns
@@ -257,10 +177,3 @@ class Failover:
         landed = {info.session_id: info.committed_tokens for info in imported.opened}
         self.migrator.claims.land(list(landed), target)
         return landed, imported.refused
-
-
-def unassigned(ids: list[str], groups: dict[str, list[str]]) -> list[str]:
-    """Those of ``ids`` that placement gave no target (it ran out of room in view): they wait
-    for room with the refused ones, never dropped."""
-    assigned = {sid for sids in groups.values() for sid in sids}
-    return [sid for sid in ids if sid not in assigned]
