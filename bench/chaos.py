@@ -53,8 +53,9 @@ class ChaosConfig:
     replicas: int = 2
     replica_kills: int = 4
     router_kills: int = 2
-    # the faults of partial failures: off by default until their runs heal (docs/benchmarks.md)
-    store_kills: int = 0
+    store_kills: int = 1  # a dead store is replaced and its sessions checkpointed again
+    # the other faults of partial failures: off by default until their runs heal
+    # (docs/benchmarks.md)
     replica_stops: int = 0
     migration_kills: int = 0
     drain_kills: int = 0
@@ -217,7 +218,10 @@ def check_end_state(cluster: Cluster, report: ChaosReport) -> None:
         unsettled = [p for p in snap.pools if p.leaked or p.free + p.cached != p.capacity]
         problems += [f"{r}: {p.describe()}" for p in unsettled]
     if (held := ray.get(server.router.session_count.remote())) != 0:
-        problems.append(f"the router still pins {held} sessions")
+        pinned = {v.replica_id: ray.get(server.router.pinned_sessions.remote(v.replica_id))
+                  for v in ray.get(server.router.views.remote())}  # fmt: skip
+        where = "; ".join(f"{r}: {', '.join(s)}" for r, s in pinned.items() if s)
+        problems.append(f"the router still pins {held} sessions ({where})")
     while (listed := metrics_replicas(server.metrics_url)) != set(live):
         if time.monotonic() > deadline:  # dead replicas leave /metrics after their retention
             problems.append(f"/metrics lists {sorted(listed)}, live are {live}")

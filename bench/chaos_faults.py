@@ -66,8 +66,7 @@ def held_by(cluster: Cluster) -> tuple[dict[str, set[str]], dict[str, int]]:
             continue
         if isinstance(sessions, dict):
             held[replica_id] = set(sessions)
-        if isinstance(snapshot, PoolSnapshot) and hasattr(snapshot.checkpoints, "unprotected"):
-            # replicas whose snapshots count unprotected sessions (a store that follows again)
+        if isinstance(snapshot, PoolSnapshot):
             unprotected[replica_id] = snapshot.checkpoints.unprotected
     return held, unprotected
 

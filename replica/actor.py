@@ -101,13 +101,22 @@ class ReplicaActor(SessionsAPI, TurnCalls, SessionMovesAPI, CheckpointsAPI):
 
             dispatch = self.outputs.dispatch
             if self.config.session_checkpoints:
-                log_ = self.engine.checkpoints
                 outbox = self.checkpoint_outbox = CheckpointOutbox(
-                    dispatch,
-                    self.config.pools.max_open_sessions,
-                    lambda on: setattr(log_, "enabled", on),
+                    dispatch, self.config.pools.max_open_sessions, self._checkpoints_connected
                 )
-                self.engine.checkpoint_accounting = lambda: (outbox.pool_stats(), outbox.stats())
+                open_slots = self.engine.sessions.sessions  # read on the engine thread
+                noted = self.engine.checkpoints.noted
+
+                def covered(sid: str) -> bool:
+                    """Its checkpoint is on its way, or it holds nothing yet: a failover
+                    opens it again, empty (``router.control.failover``)."""
+                    slot = open_slots.get(sid)
+                    return noted(sid) or (slot is not None and slot.committed_tokens == 0)
+
+                self.engine.checkpoint_accounting = lambda: (
+                    outbox.pool_stats(),
+                    outbox.stats(open_slots, covered),
+                )
                 dispatch = outbox.dispatch
             self._async = AsyncEngine(
                 self.engine,
@@ -126,6 +135,8 @@ class ReplicaActor(SessionsAPI, TurnCalls, SessionMovesAPI, CheckpointsAPI):
                     "drop_snapshots" in self.config.failpoints,
                 )
                 self._spawn(self._reporter.run())
+            if self.checkpoint_outbox is not None:
+                self._spawn(self._watch_checkpoint_store())
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -139,6 +150,7 @@ class ReplicaActor(SessionsAPI, TurnCalls, SessionMovesAPI, CheckpointsAPI):
             await self._call(self.engine.session_tenants),
             self._async.latest_snapshot,
             self.checkpoint_store,
+            await self._call(self.engine.blank_sessions),
         )
 
     def _note_released(self, session_ids: list[str]) -> None:

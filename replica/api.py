@@ -434,6 +434,11 @@ class CheckpointStats:
     written_total: int = 0  # checkpoints written (one per session whose state changed)
     bytes_written_total: int = 0
     bytes_held: int = 0  # what its store holds now
+    unprotected: int = 0  # open sessions of which its store holds no checkpoint now
+    recheckpointed_total: int = 0  # sessions checkpointed again because a new store followed
+    # sessions whose turn's end went out without its checkpoint stored (the hold bound passed),
+    # until one is: a client may have seen a turn that no checkpoint holds
+    let_go: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,8 @@ class RouterReporter:
     ) -> None:
         """``router``: the router's handle; ``registration()`` gives ``register_replica``'s
         arguments after the replica id (handle, description, session tenants, snapshot,
-        checkpoint store); ``drop_snapshots`` is the failpoint."""
+        checkpoint store, the idle timeouts of the sessions that hold nothing yet);
+        ``drop_snapshots`` is the failpoint."""
         self.replica_id = replica_id
         self.router = RouterReports(router)
         self.latest_snapshot = latest_snapshot
@@ -64,7 +65,11 @@ class RouterReporter:
             self._released = released + self._released  # tell the router next time
             raise
         if not known and not self.dead:
-            handle, desc, tenants, snapshot, checkpoints = await self.registration()
+            # a router that does not know this replica (it restarted) dropped ``released``: tell
+            # it again once registered, or a gateway's pin of one of them that lands later
+            # would stay in its table with no session behind it
+            self._released = released + self._released
+            handle, desc, tenants, snapshot, checkpoints, blank = await self.registration()
             await self.router.register_replica(
                 replica_id=self.replica_id,
                 handle=handle,
@@ -72,6 +77,7 @@ class RouterReporter:
                 tenants=tenants,
                 snapshot=snapshot,
                 checkpoints=checkpoints,
+                blank=blank,
             )
 
     async def report_death(self, why: str) -> None:

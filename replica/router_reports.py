@@ -27,11 +27,13 @@ class RouterReports:
         tenants: dict[str, str] | None = None,
         snapshot: PoolSnapshot | None = None,
         checkpoints: Any = None,
+        blank: dict[str, float] | None = None,
     ) -> None:
         """Add or refresh replica ``replica_id`` (``handle``), adopting the sessions it holds
-        (id -> tenant); ``checkpoints``: the handle of its checkpoint store, if any."""
+        (id -> tenant); ``checkpoints``: the handle of its checkpoint store, if any; ``blank``:
+        those of its sessions that hold nothing yet, with their idle timeouts."""
         await self.handle.register_replica.remote(
-            replica_id, handle, desc, tenants, snapshot, checkpoints
+            replica_id, handle, desc, tenants, snapshot, checkpoints, blank
         )
 
     async def report(self, *, snapshot: PoolSnapshot, released: list[str]) -> bool:

@@ -39,6 +39,8 @@ CLUSTER_FAMILIES = {
     "session_router_state_cache_lookups_total": "counter",
     "session_router_state_cache_evictions_total": "counter",
     "session_router_state_cache_reused_tokens_total": "counter",
+    "session_router_sessions_unprotected": "gauge",
+    "session_router_sessions_recheckpointed_total": "counter",
 }
 GATEWAY_FAMILIES = {
     "session_router_rpc_requests_total": "counter",
@@ -137,6 +139,11 @@ def test_migration_and_checkpoint_metrics_come_from_the_views(exposition):
     assert select(
         samples, "session_router_pool_slots", replica="replica-a", pool="checkpoints"
     ) == [10, 0, 8, 0]
+    # sessions without a checkpoint: only where checkpoints are on (replica-b has no such pool)
+    assert select(samples, "session_router_sessions_unprotected", replica="replica-a") == [2]
+    assert select(samples, "session_router_sessions_unprotected", replica="replica-b") == []
+    recheckpointed = "session_router_sessions_recheckpointed_total"
+    assert select(samples, recheckpointed, replica="replica-a") == [6]
 
 
 def test_state_cache_metrics_come_from_the_snapshots(exposition):

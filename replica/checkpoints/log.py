@@ -51,6 +51,7 @@ class CheckpointLog:
         self.enabled = False  # a store follows the replica (set from the actor's event loop)
         self._changed: dict[str, SessionSlot] = {}
         self._checkpointed: set[str] = set()  # sessions with a checkpoint written or on its way
+        self._sent: set[str] = set()  # those taken since the store that follows now connected
         self._dropped: list[str] = []
         self._released: list[str] = []
 
@@ -60,11 +61,24 @@ class CheckpointLog:
 
     def released(self, session_id: str) -> None:
         self._changed.pop(session_id, None)
+        self._sent.discard(session_id)
         if session_id in self._checkpointed:
             self._checkpointed.discard(session_id)
             self._released.append(session_id)
             if not self.leak_on_release:
                 self._dropped.append(session_id)
+
+    def noted(self, session_id: str) -> bool:
+        """Whether a checkpoint of the session was taken for the store that follows now, or is
+        taken after this step (it is idle)."""
+        slot = self._changed.get(session_id)
+        return session_id in self._sent or (slot is not None and slot.turn is None)
+
+    def renew(self, slots: Iterable[SessionSlot]) -> None:
+        """A new store follows, which holds none of ``slots`` (every open session): each is
+        checkpointed again (an idle one after this step, one in a turn at its end)."""
+        self._sent.clear()
+        self.changed(slots)
 
     def take(self) -> CheckpointBatch:
         """Export every changed idle session (one record each) and the releases since the last
@@ -75,6 +89,7 @@ class CheckpointLog:
         for slot in ready:
             del self._changed[slot.session_id]
             self._checkpointed.add(slot.session_id)
+            self._sent.add(slot.session_id)
         batch = CheckpointBatch(
             [self.transfer.export([slot]) for slot in ready], self._dropped, self._released
         )

@@ -9,19 +9,26 @@ object store of this replica's node: the bytes are copied once, into the object 
 outlive this replica's process. The store acknowledges items by their sequence number
 (``acked``); the first item is 1.
 
-A turn's last event is held back until the checkpoint of that turn's end is acknowledged, so a
-client that saw a turn end will find its session at that turn's committed tokens after a
-failover; the session's later events queue behind it, in order, and every other session's
-events go out at once. If the store stops acknowledging for ``stall_s`` (it died), holds are
-released, checkpointing stops (the queue is dropped) and a log line says so; a store that
-connects again starts over. Without a connected store nothing is queued or held.
+A turn's last event is held back until the checkpoint of that turn's end is acknowledged, for
+at most ``TurnHolds.hold_s`` (``replica.checkpoints.holds``), so a client that saw a turn end
+will find its session at that turn's committed tokens after a failover; the session's later
+events queue behind it, in order, and every other session's events go out at once.
+
+One store follows at a time: a store that calls ``stream`` replaces the one before (whose stream
+ends) and starts over from nothing. A store that is gone never ends its stream itself (Ray keeps
+a streaming call running after its caller's death), so ``disconnect`` ends it: the replica's
+watch calls it when the store died or acknowledged nothing for ``stall_s`` (a hung store's
+stream is ended only once it answers again, ``end_abandoned``). Without a connected
+store nothing is queued or held, and every open session is *unprotected*; ``protected`` names
+the sessions of which the connected store holds a checkpoint.
 
 Accounting, exact at each acknowledgement: ``expected`` is how many sessions of this replica
 must have a checkpoint once every item sent so far is applied; the store's acknowledgement says
 how many it holds after the same item. The ``checkpoints`` pool: capacity = sessions the replica
 can hold, ``session_held`` = expected, ``free`` = capacity - held by the store, so ``leaked`` =
 store's count - expected: a checkpoint the store keeps for a released session shows.
-Used on the actor's event loop only (``pool_stats`` may be read from the engine thread).
+Used on the actor's event loop only (``pool_stats`` and ``stats`` may be read from the engine
+thread).
 """
 
 from __future__ import annotations
@@ -29,10 +36,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 
 from replica.api import CHECKPOINT_POOL, CheckpointStats, PoolStats, SessionStates, TurnEvent
+from replica.checkpoints.holds import HOLD_S, TurnHolds
 from replica.checkpoints.log import CheckpointBatch
 
 log = logging.getLogger(__name__)
@@ -54,13 +62,18 @@ class CheckpointOutbox:
         capacity: int,
         on_connected: Callable[[bool], None] = lambda connected: None,
         stall_s: float = STALL_S,
+        hold_s: float = HOLD_S,
     ) -> None:
         self.send_events = dispatch
         self.on_connected = on_connected
         self.capacity = capacity
         self.stall_s = stall_s
+        self.holds = TurnHolds(dispatch, hold_s)
         self.connected = False
-        self._queue: asyncio.Queue = asyncio.Queue()
+        self.protected: frozenset[str] = frozenset()  # replaced whole: read by the engine thread
+        self._queue: asyncio.Queue | None = None  # the connected store's stream
+        self.abandoned: asyncio.Queue | None = None  # a hung store's stream, left open
+        self.acks_late = False  # set by the replica's watch: an item waits past the hold bound
         self._seq = 0  # items queued so far
         self._sent_at: dict[int, float] = {}  # unacknowledged items: when queued
         self._expected: set[str] = set()
@@ -68,16 +81,20 @@ class CheckpointOutbox:
         self._unfreed = 0  # sessions released without their checkpoint freed, so far
         self._unfreed_at: dict[int, int] = {}  # item seq -> ``_unfreed`` when it was queued
         self._waiting: dict[str, int] = {}  # session id -> seq of its unacknowledged save
-        self._held: dict[str, list[TurnEvent]] = {}
         self._durable: list[tuple[set[str], asyncio.Future]] = []  # ``durable`` callers
         self._acked = (0, 0, 0)  # (store held, expected, store bytes) at the last ack
         self.written_total = 0
         self.bytes_written_total = 0
+        self.recheckpointed_total = 0
 
     # ----- the engine's output ----------------------------------------------------------------
 
     def push(self, batch: CheckpointBatch) -> None:
         """Queue one engine step's checkpoints (before that step's events are dispatched)."""
+        for session_id in batch.released:
+            self.holds.forget(session_id)
+        if batch.released and self.protected:
+            self.protected = self.protected.difference(batch.released)
         if not self.connected:
             return
         dropped = set(batch.dropped)
@@ -108,38 +125,65 @@ class CheckpointOutbox:
         """Send events on, except those of sessions whose checkpoint is on its way."""
         now = []
         for event in events:
-            if event.session_id in self._waiting or event.session_id in self._held:
-                self._held.setdefault(event.session_id, []).append(event)
+            sid = event.session_id
+            if sid in self.holds or (sid in self._waiting and sid not in self.holds.given_up):
+                self.holds.hold(event)
             else:
                 now.append(event)
         if now:
             self.send_events(now)
-        self._check_stall()
 
     # ----- the store's side -------------------------------------------------------------------
 
     async def stream(self) -> AsyncIterator[SessionStates | CheckpointDrop]:
-        """The items, forever, for the one store that follows this replica."""
-        self._reset()
+        """The items, until this store is replaced or disconnected, for the one store that
+        follows this replica (a new one replaces the one before)."""
+        if self._queue is not None:
+            self.disconnect("another checkpoint store follows this replica")
+        queue = self._queue = asyncio.Queue()
         self._connect(True)
         try:
-            while (item := await self._queue.get()) is not None:
+            while (item := await queue.get()) is not None:
                 yield item
         finally:
-            self._connect(False)
-            self._reset()
+            if self._queue is queue:  # ended from the store's side
+                self._queue = None
+                self._connect(False)
+                self._reset()
 
     def _connect(self, connected: bool) -> None:
         self.connected = connected
         self.on_connected(connected)
 
+    def disconnect(self, why: str, end_stream: bool = True) -> None:
+        """The store is gone (or replaced): end its stream (without ``end_stream``, a hung
+        store's, only at ``end_abandoned``: Ray's end of a streaming call waits for its caller,
+        a stopped one would stall this actor), forget what was in flight, send held events on."""
+        queue, self._queue = self._queue, None
+        if queue is None:
+            return
+        log.error("checkpoint store disconnected: %s; sessions are unprotected meanwhile", why)
+        if end_stream:
+            queue.put_nowait(None)
+        else:
+            self.abandoned = queue
+        self._connect(False)
+        self._reset()
+
+    def end_abandoned(self) -> None:
+        """The hung store answers again: end the stream left open (it then follows anew)."""
+        queue, self.abandoned = self.abandoned, None
+        if queue is not None:
+            queue.put_nowait(None)
+
     def close(self) -> None:
         """The replica is dead: end the stream (the store keeps what it has)."""
-        self._connect(False)
-        self._queue.put_nowait(None)
+        self.disconnect("the replica is dead")
 
     def acked(self, seq: int, store_held: int, store_bytes: int) -> None:
         """The store holds every item up to ``seq``, and ``store_held`` checkpoints now."""
+        if not self.connected:
+            return  # a store that is no longer followed: its count is of another stream
         expected = self._expected_after.get(seq, len(self._expected))
         expected -= self._unfreed - self._unfreed_at.get(seq, self._unfreed)  # leaked since
         self._acked = (store_held, expected, store_bytes)
@@ -151,7 +195,9 @@ class CheckpointOutbox:
         stored = [sid for sid, s in self._waiting.items() if s <= seq]
         for session_id in stored:
             del self._waiting[session_id]
-            self._release(session_id)
+            self.holds.stored(session_id)
+        if stored:
+            self.protected = self.protected.union(stored)
         for waiting, done in self._durable:
             waiting.difference_update(stored)
             if not waiting and not done.done():
@@ -171,26 +217,12 @@ class CheckpointOutbox:
         except asyncio.TimeoutError:
             return False
 
-    def _release(self, session_id: str) -> None:
-        if session_id not in self._waiting:
-            held = self._held.pop(session_id, None)
-            if held:
-                self.send_events(held)
-
-    def _check_stall(self) -> None:
-        oldest = min(self._sent_at.values(), default=None)
-        if oldest is not None and time.monotonic() - oldest > self.stall_s:
-            log.error(
-                "the checkpoint store acknowledged nothing for %.0f s: checkpoints stop until "
-                "it reconnects (sessions of this replica would not survive its death)",
-                self.stall_s,
-            )
-            self._connect(False)
-            self._reset()
+    def unacked_s(self) -> float:
+        """How long the oldest unacknowledged item has waited (0: none waits)."""
+        return time.monotonic() - min(self._sent_at.values(), default=time.monotonic())
 
     def _reset(self) -> None:
         """Forget everything in flight and send every held event on."""
-        self._queue = asyncio.Queue()
         self._seq = 0
         self._sent_at.clear()
         self._expected_after.clear()
@@ -198,8 +230,8 @@ class CheckpointOutbox:
         self._expected.clear()
         self._waiting.clear()
         self._acked = (0, 0, 0)
-        for session_id in list(self._held):
-            self._release(session_id)
+        self.protected = frozenset()
+        self.holds.release_all()
         for _, done in self._durable:
             if not done.done():
                 done.set_result(False)
@@ -213,5 +245,19 @@ class CheckpointOutbox:
         store_held, expected, _ = self._acked
         return PoolStats(CHECKPOINT_POOL, self.capacity, self.capacity - store_held, 0, expected)
 
-    def stats(self) -> CheckpointStats:
-        return CheckpointStats(self.written_total, self.bytes_written_total, self._acked[2])
+    def stats(
+        self, open_sessions: Iterable[str] = (), noted: Callable[[str], bool] = lambda s: False
+    ) -> CheckpointStats:
+        """The totals, and how many of ``open_sessions`` have no checkpoint in the store: all
+        while no store follows; else those not stored, except those ``noted`` (a first
+        checkpoint on its way, or nothing to lose yet) while acknowledgements are on time and
+        its turn's end was not let go."""
+        protected, prompt = self.protected, self.connected and not self.acks_late
+        let_go = self.holds.given_up
+        unprotected = sum(
+            1
+            for sid in open_sessions
+            if sid not in protected and not (prompt and noted(sid) and sid not in let_go)
+        )
+        totals = self.written_total, self.bytes_written_total, self._acked[2]
+        return CheckpointStats(*totals, unprotected, self.recheckpointed_total, let_go)

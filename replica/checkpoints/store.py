@@ -11,7 +11,8 @@ own, on its node, so that the replica's node can die too. It keeps the latest ch
 session (an ObjectRef) until the replica says the session was released (``CheckpointDrop``), and
 acknowledges every item it has taken (``checkpoints_acked``: the replica's accounting compares
 its count with what the replica expects, and holds a turn's last event until its checkpoint is
-acknowledged).
+acknowledged). A replica that stops waiting for its acknowledgements (they stalled) ends the
+stream; the serve process's ``StoreKeeper`` then has it ``follow`` again, from nothing.
 
 When the replica dies the stream ends; ``checkpoints`` waits for that end (every item the
 replica yielded is in) and answers the refs for the router's failover, which imports them on
@@ -32,6 +33,8 @@ from replica.checkpoints.outbox import CheckpointDrop
 
 log = logging.getLogger(__name__)
 
+ACK_WAIT_S = 10.0  # how long a new stream waits for the last one's acknowledgements to land
+
 
 class CheckpointStore:
     def __init__(self, replica_id: str) -> None:
@@ -44,16 +47,26 @@ class CheckpointStore:
         self._pull: asyncio.Task | None = None
 
     async def follow(self, replica: Any, replica_node: str) -> None:
-        """Start pulling ``replica``'s checkpoints (once)."""
-        if self._pull is None:
+        """Start pulling ``replica``'s checkpoints; idempotent while its stream is open. Once the
+        stream ended (the replica stopped waiting for this store's acknowledgements), it starts
+        over from nothing: the replica sends every session's checkpoint again."""
+        if self._pull is None or self._pull.done():
+            if self._acking is not None:  # the last stream's acknowledgements land first
+                await asyncio.wait([self._acking], timeout=ACK_WAIT_S)
             here = ray.get_runtime_context().get_node_id()
             self._ended = asyncio.Event()
             self._pull = asyncio.get_running_loop().create_task(
                 self._follow(replica, copy_here=here != replica_node)
             )
 
+    async def following(self) -> bool:
+        """Whether its stream from the replica is open."""
+        return self._pull is not None and not self._pull.done()
+
     async def _follow(self, replica: Any, copy_here: bool) -> None:
         me = ray.get_runtime_context().current_actor
+        self.saved.clear()
+        self.items = self.acked = 0
         try:
             async for ref in ReplicaClient(replica).checkpoint_stream(store=me):
                 item = await ref

@@ -30,6 +30,10 @@ class CheckpointStoreClient:
         reference, in a list so that Ray hands the reference over as it is."""
         return await self.handle.checkpoints.remote(session_ids, wait_s)
 
+    async def following(self) -> bool:
+        """Whether its stream from the replica is open."""
+        return await self.handle.following.remote()
+
     async def stats(self) -> tuple[int, int]:
         """Checkpoints held, and their bytes."""
         return await self.handle.stats.remote()

@@ -116,6 +116,15 @@ class SessionOps:
             if s.close_reason is None
         }
 
+    def blank_sessions(self) -> dict[str, float]:
+        """The open sessions that hold nothing yet (no token committed), and their idle
+        timeouts: a failover that finds no checkpoint of one may open it again, empty."""
+        return {
+            s.session_id: s.idle_timeout_s
+            for s in self.sessions.sessions.values()
+            if s.close_reason is None and s.committed_tokens == 0
+        }
+
     def release_idle(self) -> list[str]:
         """Release the sessions idle past their timeout, except those with a turn waiting and
         those a stream holds open (``leases``); returns their ids."""
@@ -146,6 +155,15 @@ class SessionOps:
         on)."""
         if self.checkpoints is not None:
             self.checkpoints.changed(slots)
+
+    def checkpoint_all(self) -> int:
+        """Note every open session changed (a new store follows, which holds none of them): each
+        is checkpointed after this step, or at its turn's end; returns how many."""
+        if self.checkpoints is None:
+            return 0
+        slots = list(self.sessions.sessions.values())
+        self.checkpoints.renew(slots)
+        return len(slots)
 
     def take_checkpoints(self) -> CheckpointBatch | None:
         """What the steps since the last call leave to checkpoint (None: checkpoints off)."""

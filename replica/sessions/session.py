@@ -109,7 +109,8 @@ class StreamingSession:
         self.sessions[session_id] = slot
         self.residency.opened(slot)
         self.opened_total += 1
-        self.on_changed([slot])
+        if prefix_ids or "no_checkpoint_at_open" not in self.failpoints:
+            self.on_changed([slot])
         return slot
 
     def _start_from_prefix(self, slot: SessionSlot, prefix: tuple[int, ...]) -> None:

@@ -107,7 +107,7 @@ class RouterClient:
     async def update_sessions(
         self,
         *,
-        pins: list[tuple[str, str, str]],
+        pins: list[tuple[str, str, str, float | None]],
         forgets: list[tuple[str, str]],
         snapshots: list[PoolSnapshot],
         retry: bool = True,
@@ -137,6 +137,13 @@ class RouterClient:
     ) -> FailoverOutcome | ActorError:
         return await self._call(
             lambda: self.handle.replica_failed.remote(replica_id, why, wait), retry
+        )
+
+    async def replace_checkpoint_store(
+        self, *, replica_id: str, store: Any, retry: bool = True
+    ) -> bool | ActorError:
+        return await self._call(
+            lambda: self.handle.replace_checkpoint_store.remote(replica_id, store), retry
         )
 
     async def retire_replica(self, *, replica_id: str, retry: bool = True) -> bool | ActorError:

@@ -1,7 +1,8 @@
 """``ClusterCalls``: the router's calls that change its tables directly, on news from outside
 (mixed into ``SessionRouter``): gateways' batched pins and forgets of sessions they opened or
-released on a replica themselves, the replicas' handles for those opens, and the retirement of a
-replica the serve process removes (autoscaling).
+released on a replica themselves, the replicas' handles for those opens, the retirement of a
+replica the serve process removes (autoscaling), and a replica's new checkpoint store (its old
+one died).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from replica.api import ActorError, PoolSnapshot, StatusCode, clip_id
 from router.control.api import ReplicaHealth
 from router.control.opens import Opener
 from router.control.registry import ReplicaRegistry
-from router.control.table import SessionTable
+from router.control.table import BlankOpen, SessionTable
 
 
 class ClusterCalls:
@@ -22,15 +23,17 @@ class ClusterCalls:
 
     async def update_sessions(
         self,
-        pins: list[tuple[str, str, str]],
+        pins: list[tuple[str, str, str, float | None]],
         forgets: list[tuple[str, str]],
         snapshots: list[PoolSnapshot],
     ) -> list[bool]:
         """A gateway's batched news (``router.gateway.router_updates``): sessions it opened on a
-        replica itself (session id, replica id, tenant), sessions it released on a replica
+        replica itself (session id, replica id, tenant, and its idle timeout when it was opened
+        empty, else None: ``BlankOpen``), sessions it released on a replica
         (session id, replica id: one pinned to another replica by now, it moved, is kept), and
         the replicas' snapshots from those calls' replies. Per pin, whether it was pinned: False
-        when the replica is not a live one here (the gateway then releases the session). A
+        when the replica is not a live one here, or has reported the session released (the
+        gateway then releases the session). A
         session pinned here is the router's like any other: drains move it, failover restores
         it from its checkpoints."""
         for snapshot in snapshots:
@@ -38,11 +41,15 @@ class ClusterCalls:
             if entry is not None and entry.desc.incarnation == snapshot.incarnation:
                 entry.take(snapshot)
         pinned = []
-        for session_id, replica_id, tenant in pins:
+        for session_id, replica_id, tenant, blank_idle_s in pins:
             entry = self.replicas.get(replica_id)
             live = entry is not None and entry.health != ReplicaHealth.DEAD
+            # a pin sent before the replica's idle release, landing after it (across a router
+            # restart): the session is gone there, and the gateway must not keep it
+            live = live and not self.sessions.was_released(session_id, replica_id)
             if live:
-                self.sessions.pin(session_id, replica_id, tenant)
+                blank = None if blank_idle_s is None else BlankOpen(blank_idle_s, entry.store_epoch)
+                self.sessions.pin(session_id, replica_id, tenant, blank)
             pinned.append(live)
         for sid, replica_id in forgets:
             self.sessions.forget(sid, replica_id)
@@ -53,6 +60,16 @@ class ClusterCalls:
     async def replica_handles(self) -> dict[str, Any]:
         """The actor handle of every live replica, by id (gateways open sessions on them)."""
         return self.replicas.live_handles()
+
+    async def replace_checkpoint_store(self, replica_id: str, store: Any) -> bool:
+        """``store`` now keeps ``replica_id``'s checkpoints (its failover reads them there); False
+        when the replica is not a live one here (the caller ends ``store``)."""
+        entry = self.replicas.get(replica_id)
+        if entry is None or entry.health == ReplicaHealth.DEAD:
+            return False
+        if store != entry.checkpoints:
+            entry.checkpoints, entry.store_epoch = store, entry.store_epoch + 1
+        return True
 
     async def retire_replica(self, replica_id: str) -> bool | ActorError:
         """Forget a draining replica that holds no session, before the serve process stops it:

@@ -7,8 +7,12 @@ When a replica is declared dead (its process died, its engine loop died, it stop
 3. they are imported on live replicas with room, chosen by placement, one batch per target; a
    target fetches each checkpoint straight from the object store. Sessions that find no room
    wait for room (a replacement replica joins empty) up to ``wait_s``;
-4. the restored sessions are pinned to their new replicas; the others (no checkpoint, or no
-   room in time) become ABORTED tombstones; then the store is ended.
+4. a session with no checkpoint there that was opened empty after that store began to follow
+   the replica committed nothing a client saw (a turn's end waits for its checkpoint): it is
+   opened again, empty, with the same id, tenant and idle timeout (``BlankReopen``);
+5. the restored and reopened sessions are pinned to their new replicas; the others (no
+   checkpoint and not blank, the store unreachable, or no room in time) become ABORTED
+   tombstones; then the store is ended.
 The ``FailoverOutcome`` is what gateways end the calls in flight with: UNAVAILABLE ("retry the
 turn; the session continues at committed_tokens N") for a restored session, ABORTED for a lost
 one. There is one failover per dead replica; every caller gets its outcome.
@@ -27,6 +31,7 @@ import ray
 from replica.api import ActorError, MigrationReason, StatusCode
 from router.call_errors import CallFailure, FailureKind, log_failure, object_lost
 from router.control.api import FailoverOutcome
+from router.control.blank_reopen import BlankReopen, unassigned
 from router.control.migration import Migrator
 from router.control.registry import ReplicaRegistry
 from router.control.table import ReplicaEntry, SessionTable
@@ -52,6 +57,7 @@ class Failover:
         self.wait_for_room = wait_for_room
         self.on_dead = on_dead
         self.wait_s = wait_s
+        self.blank = BlankReopen(replicas, sessions, migrator, wait_for_room, on_dead, wait_s)
 
     def start(self, replica_id: str) -> None:
         entry = self.replicas[replica_id]
@@ -69,9 +75,20 @@ class Failover:
             self.sessions.sessions_of(replica_id), replica_id
         )
         try:
-            found = await self._checkpoints(entry, list(claimed))
+            found, answered = await self._checkpoints(entry, list(claimed))
             restored = await self._restore(found, replica_id) if found else {}
+            if answered:
+                blank = self.blank.select(entry, [sid for sid in claimed if sid not in found])
+                restored.update(await self.blank.reopen(blank, replica_id) if blank else {})
             lost = tuple(sid for sid in claimed if sid not in restored)
+            if lost:
+                log.warning(
+                    "replica %s: %d checkpoints found, store answered %s; lost %s",
+                    replica_id,
+                    len(found),
+                    answered,
+                    ", ".join(sid[:12] for sid in lost),
+                )
             entry.lost += self.sessions.abort(list(lost))
             entry.migrated[MigrationReason.FAILOVER.value] += len(restored)
             log.error(
@@ -89,14 +106,17 @@ class Failover:
                 except Exception as exc:  # noqa: BLE001 - gone already
                     log.info("end of the checkpoint store of %s: %s", replica_id, exc)
 
-    async def _checkpoints(self, entry: ReplicaEntry, ids: list[str]) -> dict[str, Any]:
+    async def _checkpoints(
+        self, entry: ReplicaEntry, ids: list[str]
+    ) -> tuple[dict[str, Any], bool]:
+        """The checkpoints of ``ids`` the dead replica's store holds, and whether it answered."""
         if entry.checkpoints is None or not ids:
-            return {}
+            return {}, False
         try:
-            return await entry.store.checkpoints(session_ids=ids, wait_s=STORE_WAIT_S)
+            return await entry.store.checkpoints(session_ids=ids, wait_s=STORE_WAIT_S), True
         except Exception as exc:  # noqa: BLE001 - the store died too: nothing to restore
             log.error("checkpoint store unreachable: %s", exc)
-            return {}
+            return {}, False
 
     async def _restore(self, found: dict[str, Any], dead: str) -> dict[str, int]:
         """Import ``found`` (session id -> (meta, [checkpoint ref])) on live replicas; returns
@@ -116,13 +136,17 @@ class Failover:
             outcomes = await asyncio.gather(
                 *(self._import(tid, sids, found) for tid, sids in groups.items())
             )
-            pending = []
+            pending = unassigned(pending, groups)  # no room in view for them: they wait
             for tid, (landed, refused) in zip(groups, outcomes):
                 restored.update(landed)
                 for sid, why in refused.items():
                     if why.code == StatusCode.RESOURCE_EXHAUSTED:
                         pending.append(sid)
                         excluded.add(tid)
+                    else:
+                        log.warning("%s refused session %s: %s", tid, sid[:16], why.message)
+        if pending:
+            log.warning("%d sessions found no room within %.0f s", len(pending), self.wait_s)
         return restored
 
     async def _import(

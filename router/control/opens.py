@@ -30,7 +30,7 @@ from router.call_errors import CallFailure, FailureKind, log_failure
 from router.control.api import ReplicaView, Route
 from router.control.placement import choose_replica, room_report
 from router.control.registry import ReplicaRegistry
-from router.control.table import ReplicaEntry, SessionTable
+from router.control.table import BlankOpen, ReplicaEntry, SessionTable
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +212,8 @@ class Opener:
         if isinstance(opened, ActorError):
             return opened
         entry.take(opened.snapshot)  # counts the new session
-        self.sessions.pin(session_id, replica_id, tenant)
+        blank = BlankOpen(idle_timeout_s, entry.store_epoch) if prefix is None else None
+        self.sessions.pin(session_id, replica_id, tenant, blank)
         return Route(session_id, replica_id, entry.handle, opened.info, tenant)
 
 

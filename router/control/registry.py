@@ -70,7 +70,9 @@ class ReplicaRegistry:
         if entry is None or entry.desc.incarnation != desc.incarnation:
             entry = self._entries[replica_id] = ReplicaEntry(handle, desc)
         entry.handle, entry.health = handle, ReplicaHealth.HEALTHY
-        entry.checkpoints = checkpoints or entry.checkpoints
+        if checkpoints is not None and checkpoints != entry.checkpoints:
+            entry.store_epoch += entry.checkpoints is not None  # a replacement it was not told of
+            entry.checkpoints = checkpoints
         return entry
 
     def set_draining(self, entry: ReplicaEntry, draining: bool) -> None:

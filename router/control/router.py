@@ -42,7 +42,7 @@ from router.control.health import HealthWatch
 from router.control.migration import Migrator
 from router.control.opens import Opener
 from router.control.registry import ReplicaRegistry
-from router.control.table import SessionState, SessionTable
+from router.control.table import BlankOpen, SessionState, SessionTable
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +97,11 @@ class SessionRouter(AdminCalls, ClusterCalls):
         tenants: dict[str, str] | None = None,
         snapshot: PoolSnapshot | None = None,
         checkpoints: Any = None,
+        blank: dict[str, float] | None = None,
     ) -> None:
         """Add or refresh a replica, adopting the sessions it says it holds (id -> tenant);
-        ``checkpoints`` is its checkpoint store, when it has one.
+        ``checkpoints`` is its checkpoint store, when it has one; ``blank`` those sessions that
+        hold nothing yet, with their idle timeouts (a failover may open them again, empty).
 
         A replica declared dead stays dead (the serve process kills and replaces it): if it
         turns out to be alive, its sessions, whose clients were told ABORTED, are released."""
@@ -119,8 +121,10 @@ class SessionRouter(AdminCalls, ClusterCalls):
         entry = self.replicas.register(replica_id, handle, desc, checkpoints)
         if snapshot is not None:
             entry.take(snapshot)
+        blank = blank or {}
         for sid, tenant in tenants.items():
-            self.sessions.pin(sid, replica_id, tenant)
+            empty = BlankOpen(blank[sid], entry.store_epoch) if sid in blank else None
+            self.sessions.pin(sid, replica_id, tenant, empty)
         log.info("replica %s registered with %d sessions", replica_id, len(tenants))
         await self.opener.notify_room()
 
@@ -134,7 +138,7 @@ class SessionRouter(AdminCalls, ClusterCalls):
         if entry.health == ReplicaHealth.DEAD:
             return False
         for sid in released:
-            self.sessions.forget(sid, snapshot.replica_id)
+            self.sessions.released_by(sid, snapshot.replica_id)
         await self.opener.notify_room()
         return True
 

@@ -34,6 +34,17 @@ class SessionState(enum.Enum):
     ABORTED = "aborted"  # its replica died and its state is gone
 
 
+@dataclass(frozen=True, slots=True)
+class BlankOpen:
+    """How a session was opened holding nothing (no prefix): a failover that finds no
+    checkpoint of it opens it again, empty, with the same id, tenant and idle timeout, so long
+    as the store it read has followed the replica since before this open (``store_epoch``): its
+    first checkpoint was on its way, and no turn of it ended for a client without one."""
+
+    idle_timeout_s: float
+    store_epoch: int
+
+
 @dataclass(slots=True, eq=False)
 class SessionEntry:
     session_id: str
@@ -41,6 +52,7 @@ class SessionEntry:
     tenant: str
     state: SessionState = SessionState.OPEN
     moving: asyncio.Future | None = None  # set while the session moves; done when it has
+    blank: BlankOpen | None = None  # opened empty, pinned where it opened (never moved since)
 
 
 class SessionTable:
@@ -51,6 +63,8 @@ class SessionTable:
         self._open: dict[str, SessionEntry] = {}
         self._by_replica: dict[str, set[str]] = {}
         self._aborted: LRUCache[str, SessionEntry] = LRUCache(max_tombstones)
+        # sessions their replica released on its own (idle timeout) -> that replica
+        self._released: LRUCache[str, str] = LRUCache(max_tombstones)
 
     def __len__(self) -> int:
         return len(self._open)
@@ -62,12 +76,26 @@ class SessionTable:
         """The open session, or its tombstone (state ABORTED), or None."""
         return self._open.get(session_id) or self._aborted.get(session_id)
 
-    def pin(self, session_id: str, replica_id: str, tenant: str) -> SessionEntry:
+    def pin(
+        self, session_id: str, replica_id: str, tenant: str, blank: BlankOpen | None = None
+    ) -> SessionEntry:
         self.forget(session_id)
-        entry = self._open[session_id] = SessionEntry(session_id, replica_id, tenant)
+        entry = self._open[session_id] = SessionEntry(session_id, replica_id, tenant, blank=blank)
         self._by_replica.setdefault(replica_id, set()).add(session_id)
         self._aborted.pop(session_id, None)
+        self._released.pop(session_id, None)
         return entry
+
+    def released_by(self, session_id: str, replica_id: str) -> None:
+        """``replica_id`` released the session on its own (idle timeout): forget it there, and
+        remember it, so that a gateway's pin of it that was sent before the release and lands
+        after it (``was_released``) is refused rather than pinning a session nobody holds."""
+        self.forget(session_id, replica_id)
+        self._released[session_id] = replica_id
+
+    def was_released(self, session_id: str, replica_id: str) -> bool:
+        """Whether ``replica_id`` reported the session released (and it was not pinned since)."""
+        return self._released.get(session_id) == replica_id
 
     def forget(self, session_id: str, replica_id: str | None = None) -> bool:
         """Drop an open session (closed or released) -- only if it is pinned to ``replica_id``
@@ -111,6 +139,7 @@ class ReplicaEntry:
     lost: int = 0  # sessions lost when the replica died
     died_at: float | None = None  # time.monotonic() when it was declared dead
     checkpoints: Any = None  # the handle of its checkpoint store, when it checkpoints
+    store_epoch: int = 0  # stores it has had before ``checkpoints`` (one more per replacement)
     failover: asyncio.Task | None = None  # restores its sessions once it is dead
     migrated: Counter[str] = field(default_factory=Counter)  # sessions moved away, by reason
     call_errors: Counter[tuple[str, str]] = field(default_factory=Counter)  # (method, kind)

@@ -73,7 +73,8 @@ class DirectOpener:
         calls = self.calls.of(replica_id, handle)
         args = (session_id, idle_timeout_s, self.gateway_id, tenant, lease_s, prefix)
         opened = calls.open(args)
-        pinned = self.updates.pin(session_id, replica_id, tenant)
+        blank_idle_s = idle_timeout_s if prefix is None else None
+        pinned = self.updates.pin(session_id, replica_id, tenant, blank_idle_s)
         self.in_flight[replica_id] += 1
         try:
             await asyncio.wait((opened, pinned))

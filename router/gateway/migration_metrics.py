@@ -10,6 +10,11 @@ incarnation).
   ``session_router_checkpoint_bytes_written_total{replica}`` and
   ``session_router_checkpoint_bytes{replica}`` (what its store holds), from its snapshot. The
   ``checkpoints`` pool itself (held, free, leaked) is in the pool families.
+- With checkpoints on (the replica has a ``checkpoints`` pool):
+  ``session_router_sessions_unprotected{replica}``, its open sessions of which its store holds
+  no checkpoint now (its store died, or their first checkpoint is on its way), and
+  ``session_router_sessions_recheckpointed_total{replica}``, sessions checkpointed again because
+  a new store followed the replica (its old one died).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from collections.abc import Iterator, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from replica.api import MigrationReason
+from replica.api import CHECKPOINT_POOL, MigrationReason
 from router.control.api import ReplicaHealth, ReplicaView
 
 MIGRATION_REASONS = tuple(reason.value for reason in MigrationReason)
@@ -51,6 +56,16 @@ def migration_families(views: Sequence[ReplicaView]) -> Iterator[Metric]:
         "Bytes of session checkpoints the replica's checkpoint store holds.",
         labels=["replica"],
     )
+    unprotected = GaugeMetricFamily(
+        "session_router_sessions_unprotected",
+        "Open sessions of the replica of which its checkpoint store holds no checkpoint now.",
+        labels=["replica"],
+    )
+    recheckpointed = CounterMetricFamily(
+        "session_router_sessions_recheckpointed",
+        "Sessions checkpointed again because a new checkpoint store followed the replica.",
+        labels=["replica"],
+    )
     for view in views:
         rid = view.replica_id
         for reason in MIGRATION_REASONS:
@@ -63,4 +78,7 @@ def migration_families(views: Sequence[ReplicaView]) -> Iterator[Metric]:
             written.add_metric([rid], stats.written_total)
             written_bytes.add_metric([rid], stats.bytes_written_total)
             held_bytes.add_metric([rid], stats.bytes_held)
-    yield from (migrated, moving, written, written_bytes, held_bytes)
+            if any(pool.pool == CHECKPOINT_POOL for pool in view.snapshot.pools):
+                unprotected.add_metric([rid], stats.unprotected)
+                recheckpointed.add_metric([rid], stats.recheckpointed_total)
+    yield from (migrated, moving, written, written_bytes, held_bytes, unprotected, recheckpointed)

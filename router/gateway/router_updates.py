@@ -41,11 +41,14 @@ class RouterUpdates:
         answers = iter(pinned)
         return [next(answers) if kind == PIN else None for kind, _ in requests]
 
-    def pin(self, session_id: str, replica_id: str, tenant: str) -> asyncio.Future:
-        """Pin a session opened on ``replica_id``; the future of whether it was pinned (False:
+    def pin(
+        self, session_id: str, replica_id: str, tenant: str, blank_idle_s: float | None = None
+    ) -> asyncio.Future:
+        """Pin a session opened on ``replica_id`` (``blank_idle_s``: opened empty, with this idle
+        timeout, which a failover may open again); the future of whether it was pinned (False:
         the router does not know that replica as a live one, so the session must not be kept),
         or of an ``ActorError``."""
-        return self._batcher.submit((PIN, (session_id, replica_id, tenant)))
+        return self._batcher.submit((PIN, (session_id, replica_id, tenant, blank_idle_s)))
 
     def forget(
         self, session_id: str, replica_id: str, snapshot: PoolSnapshot | None = None

@@ -3,7 +3,8 @@
 A checkpoint must outlive its replica's process, and on a multi-node cluster its node too: the
 store is placed on another alive node than the replica's (soft affinity, so a one-node cluster
 still gets one, on the same node), asks for no CPU, and is named ``<replica id>-checkpoints``
-in the cluster's namespace. It starts following the replica at once.
+in the cluster's namespace (a replacement ``<replica id>-checkpoints-<n>``). It starts following
+the replica at once.
 """
 
 from __future__ import annotations
@@ -26,14 +27,19 @@ def other_node(node_id: str) -> str | None:
     return others[next(_spread) % len(others)] if others else None
 
 
-async def start_store(replica_id: str, replica: Any, node_id: str, namespace: str) -> Any:
-    """A checkpoint store for the replica ``replica`` (on node ``node_id``), following it."""
+async def start_store(
+    replica_id: str, replica: Any, node_id: str, namespace: str, generation: int = 0
+) -> Any:
+    """A checkpoint store for the replica ``replica`` (on node ``node_id``), following it; a
+    replacement of a dead one (``generation`` 1, 2, ...) gets a name of its own, as Ray may
+    keep a dead actor's name for a while."""
+    name = f"{replica_id}-checkpoints" + (f"-{generation}" if generation else "")
     away = other_node(node_id)
     strategy = NodeAffinitySchedulingStrategy(away, soft=True) if away else "DEFAULT"
     store = (
         ray.remote(CheckpointStore)
         .options(
-            name=f"{replica_id}-checkpoints",
+            name=name,
             namespace=namespace,
             lifetime="detached",  # outlives the serve that started it, as the replica does
             num_cpus=0,

@@ -11,7 +11,8 @@ Without ``address`` a new embedded local Ray instance is started, every port on 
 ``address="auto"`` or ``HOST:PORT`` joins a running cluster (``router.ops.ray_join``).
 Replica actors ask for ``replica_gpus`` GPUs each, or CPU replicas for a share of the cluster's
 CPUs (``router.ops.scheduling``); start-up fails with a report rather than waiting forever for
-replicas that cannot be scheduled. Once up, ``ReplicaSupervisor`` replaces dead replicas. gRPC and
+replicas that cannot be scheduled. Once up, ``ReplicaSupervisor`` replaces dead replicas (and
+its ``StoreKeeper`` dead checkpoint stores). gRPC and
 metrics listen on ``--host`` (loopback by default); with ``--tls-cert`` gRPC serves TLS only.
 """
 
@@ -41,6 +42,7 @@ from router.ops.checkpoint_stores import start_store
 from router.ops.gateway_server import GatewayServer
 from router.ops.scaling_metrics import ScalingMetrics
 from router.ops.scheduling import replica_resources, wait_until_up
+from router.ops.store_keeper import StoreKeeper
 from router.ops.supervisor import ReplicaSupervisor
 
 log = logging.getLogger(__name__)
@@ -147,6 +149,11 @@ class Server:
             lambda: self.gateway.router.views(retry=False),
             self.start_replicas,
             cfg.replicas,
+            stores=StoreKeeper(
+                self.replicas, self.stores, self.starting, RouterClient(self.router), cfg.namespace
+            )
+            if cfg.replica.session_checkpoints
+            else None,
         )
         self.supervisor.start()
         scaling_metrics = ScalingMetrics(self.front.registry, cfg.replicas)

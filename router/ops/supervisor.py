@@ -7,7 +7,8 @@ is killed for good (its process may live on with a dead engine, holding its GPU)
 then replacements with fresh ids are started until the target count is live again. A replacement
 joins empty; the dead replica's series leave /metrics when the router forgets it. Replicas added
 beyond the target are left alone. Failures (say a replacement cannot be scheduled) are logged
-and retried on the next round.
+and retried on the next round. With checkpoints on, each round then has the ``StoreKeeper``
+replace the dead checkpoint stores of live replicas.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from replica.actor_client import ReplicaClient
 from replica.api import ActorError
 from router.control.api import ReplicaHealth, ReplicaView
 from router.ops.periodic import Periodic
+from router.ops.store_keeper import StoreKeeper
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,7 @@ class ReplicaSupervisor:
         start_replicas: Callable[[int], Awaitable[list[str]]],
         target: int,
         interval_s: float = 1.0,
+        stores: StoreKeeper | None = None,
     ) -> None:
         """``replicas`` is the serve process's own map (id -> handle), shared and updated;
         ``starting`` the ids among them still starting (not judged yet)."""
@@ -46,6 +49,7 @@ class ReplicaSupervisor:
         self.views = views
         self.start_replicas = start_replicas
         self.target = target
+        self.stores = stores
         self.replaced = 0
         self.rounds = Periodic("restoring the replica count", self.reconcile, interval_s)
 
@@ -56,7 +60,7 @@ class ReplicaSupervisor:
         await self.rounds.stop()
 
     async def reconcile(self) -> None:
-        """One round: kill and forget dead replicas, then start replacements."""
+        """One round: kill and forget dead replicas, replace dead stores, start replacements."""
         views = await self.views()
         if isinstance(views, ActorError):
             return  # the router is restarting: nothing is known to be dead
@@ -71,6 +75,10 @@ class ReplicaSupervisor:
                 except Exception as exc:  # noqa: BLE001 - already gone
                     log.info("kill of dead replica %s: %s", replica_id, exc)
                 log.warning("replica %s is dead: killed, a replacement starts", replica_id)
+        if self.stores is not None:
+            await self.stores.reconcile(
+                [r for r, h in health.items() if h != ReplicaHealth.DEAD and r in self.replicas]
+            )
         missing = self.target - len(self.replicas)
         if missing > 0:
             started = await self.start_replicas(missing)

@@ -37,7 +37,7 @@ def cluster_views() -> list[ReplicaView]:
         sessions_opened_total=15,
         sessions_released_total={"closed": 4, "stream_ended": 2, "idle_timeout": 1},
         parking=ParkingStats(3, 7, 4, HistogramCounts((0.001, 0.01, 0.1), (1, 3, 4), 4, 0.0125)),
-        checkpoints=CheckpointStats(40, 4_000_000, 800_000),
+        checkpoints=CheckpointStats(40, 4_000_000, 800_000, unprotected=2, recheckpointed_total=6),
         state_cache=StateCacheStats(2, 8, 5, 3, 1, 4000, 64, frozenset({11, 12})),
     )
     draining = PoolSnapshot(

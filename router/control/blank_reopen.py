@@ -1,0 +1,131 @@
+"""``BlankReopen``: a dead replica's sessions that no checkpoint holds but that held nothing a
+client saw, opened again, empty, on live replicas (part of ``router.control.failover``).
+
+A session opened empty (``BlankOpen``: no prefix; or named by a replica's registration as
+holding nothing yet) whose dead replica's store has followed it since then, and whose turn's end
+never went out without a checkpoint (``CheckpointStats.let_go`` in the replica's last snapshot),
+committed nothing a client saw: a turn's end waits for its checkpoint. It is opened again with the
+same id, tenant and idle timeout, at 0 committed tokens, waiting for room as restores do.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from replica.api import ActorError, StatusCode
+from router.call_errors import CallFailure, FailureKind, log_failure
+from router.control.migration import Migrator
+from router.control.registry import ReplicaRegistry
+from router.control.table import ReplicaEntry, SessionEntry, SessionTable
+
+log = logging.getLogger(__name__)
+
+
+class BlankReopen:
+    def __init__(
+        self,
+        replicas: ReplicaRegistry,
+        sessions: SessionTable,
+        migrator: Migrator,
+        wait_for_room: Callable[[float], Awaitable[None]],
+        on_dead: Callable[[str, str], Awaitable[Any]],
+        wait_s: float,
+    ) -> None:
+        self.replicas = replicas
+        self.sessions = sessions
+        self.migrator = migrator
+        self.wait_for_room = wait_for_room
+        self.on_dead = on_dead
+        self.wait_s = wait_s
+
+    def select(self, dead: ReplicaEntry, ids: list[str]) -> dict[str, SessionEntry]:
+        """Those of ``ids`` (no checkpoint found) opened empty since the store that answered
+        followed the dead replica: they committed nothing a client saw (a turn's end waits for
+        its checkpoint), so they open again; except those whose turn's end the replica's last
+        snapshot says went out without one (``let_go``)."""
+        let_go = dead.snapshot.checkpoints.let_go if dead.snapshot is not None else frozenset()
+        blank = {}
+        for sid in ids:
+            session = self.sessions.get(sid)
+            if (
+                session
+                and session.blank
+                and session.blank.store_epoch == dead.store_epoch
+                and sid not in let_go
+            ):
+                blank[sid] = session
+        if len(blank) < len(ids):
+            log.warning("%d sessions without a checkpoint cannot be opened again empty: they "
+                        "moved, were forked or opened with a prefix, or a turn of theirs ended "
+                        "without one", len(ids) - len(blank))  # fmt: skip
+        return blank
+
+    async def reopen(self, blank: dict[str, SessionEntry], dead: str) -> dict[str, int]:
+        """Open ``blank`` again, empty, on live replicas with room (same id, tenant and idle
+        timeout); returns those opened, each at 0 committed tokens."""
+        reopened: dict[str, int] = {}
+        pending, excluded = sorted(blank), {dead}
+        deadline = time.monotonic() + self.wait_s
+        while pending:
+            groups = self.migrator.assign(pending, None, excluded)
+            if not groups:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                await self.wait_for_room(min(1.0, left))
+                excluded = {dead}
+                continue
+            pending = unassigned(pending, groups)
+            for target, ids in groups.items():
+                landed, full = await self._open_empty(target, [blank[s] for s in ids])
+                reopened.update(dict.fromkeys(landed, 0))
+                pending += full
+                if full:
+                    excluded.add(target)
+        if pending:
+            log.warning("%d sessions found no room to open again in time", len(pending))
+        return reopened
+
+    async def _open_empty(
+        self, target: str, sessions: list[SessionEntry]
+    ) -> tuple[list[str], list[str]]:
+        """Open ``sessions`` empty on ``target``; returns (opened, refused for want of room)."""
+        entry = self.replicas[target]
+        requests = [(s.session_id, s.blank.idle_timeout_s, "", s.tenant, 0.0) for s in sessions]
+        ids = [s.session_id for s in sessions]
+        entry.reserved += len(ids)
+        try:
+            opened = await entry.replica.open_sessions(requests=requests)
+        except Exception as exc:  # noqa: BLE001 - blamed on the target; the others are tried
+            failure = CallFailure.of("open_sessions", f"replica {target}", exc)
+            log_failure(log, failure)
+            entry.call_errors[failure.method, failure.kind.value] += 1
+            if failure.kind is FailureKind.DEAD:
+                await self.on_dead(target, f"open_sessions failed: {failure.cause}")
+            return [], ids
+        finally:
+            entry.reserved -= len(ids)
+        if isinstance(opened, ActorError):
+            log.warning("%s refused to open sessions again: %s", target, opened.message)
+            return [], ids
+        entry.take(opened.snapshot)
+        landed, full = [], []
+        for sid, result in zip(ids, opened.results):
+            if not isinstance(result, ActorError):
+                landed.append(sid)
+            elif result.code == StatusCode.RESOURCE_EXHAUSTED:
+                full.append(sid)
+            else:
+                log.warning("%s refused to open %s again: %s", target, sid[:16], result.message)
+        self.migrator.claims.land(landed, target)
+        return landed, full
+
+
+def unassigned(ids: list[str], groups: dict[str, list[str]]) -> list[str]:
+    """Those of ``ids`` that placement gave no target (it ran out of room in view): they wait
+    for room with the refused ones, never dropped."""
+    assigned = {sid for sids in groups.values() for sid in sids}
+    return [sid for sid in ids if sid not in assigned]

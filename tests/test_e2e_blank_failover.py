@@ -1,0 +1,89 @@
+"""End to end: a replica dies before its new sessions' first checkpoints landed.
+
+With the failpoint ``no_checkpoint_at_open`` a session opened empty has no checkpoint until its
+first turn ends, so a replica SIGKILLed right after the opens leaves its store holding none of
+its sessions. None of them is lost: each is opened again, empty, on the other replica, with the
+same id and idle timeout (it committed nothing a client saw); a turn running at the kill ends
+UNAVAILABLE ("continues at committed_tokens 0") and its retry runs; every session's turns then
+equal a fresh session's. Nothing ends ABORTED, and nothing is left held afterwards.
+
+The test kills a replica, so the module has its own server.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+
+import grpc
+import pytest
+import ray
+
+from replica.api import SessionInfo
+from router.client import SessionClient
+from tests.support.cluster import drain_stream, wait_for
+from tests.support.servers import serve_cluster
+
+SEEDED = dict(temperature=0.7, seed=7)
+COMMITTED = re.compile(r"continues at committed_tokens (\d+)")
+IDLE_S = 240.0
+
+
+@pytest.fixture(scope="module")
+def server(ray_cluster):
+    with serve_cluster(failpoints="no_checkpoint_at_open", stale_after_s=3.0) as srv:
+        yield srv
+
+
+def tokens(seed: int, n: int = 5) -> list[int]:
+    return [(seed * 31 + i * 7) % 250 + 1 for i in range(n)]
+
+
+def sigkill(server, replica_id: str) -> None:
+    pid = ray.get(server.replicas[replica_id].__ray_call__.remote(lambda actor: os.getpid()))
+    os.kill(pid, signal.SIGKILL)
+
+
+def test_sessions_without_a_checkpoint_are_opened_again_on_a_replica_death(server):
+    client = SessionClient(server.address)
+    sessions = [client.open(idle_timeout_s=IDLE_S) for _ in range(6)]
+    victim = sessions[0].replica_id
+    doomed = [s for s in sessions if s.replica_id == victim]
+    assert doomed and len(doomed) < len(sessions)
+    # the victim's store holds no checkpoint of any of them (the failpoint): only a reopen saves
+    store = server.server.stores[victim]
+    assert ray.get(store.stats.remote(), timeout=30)[0] == 0
+
+    running = doomed[0].generate(tokens=[3, 4], max_new_tokens=400)
+    assert next(running).token_ids  # a turn runs at the kill
+    sigkill(server, victim)
+    with pytest.raises(grpc.RpcError) as ended:
+        drain_stream(running)
+    assert ended.value.code() == grpc.StatusCode.UNAVAILABLE, ended.value.details()
+    assert int(COMMITTED.search(ended.value.details()).group(1)) == 0
+
+    # every session continues on the survivor, exactly as a fresh session would
+    for n, s in enumerate(sessions):
+        got = drain_stream(s.generate(tokens=tokens(n), max_new_tokens=8, **SEEDED))
+        fresh = client.open()
+        want = drain_stream(fresh.generate(tokens=tokens(n), max_new_tokens=8, **SEEDED))
+        assert got == want, s.id
+        assert fresh.close()
+    live = server.wait_healed()
+    assert victim not in live
+    for s in doomed:  # same id, same idle timeout, on one live replica now
+        infos = ray.get([server.replicas[r].get_session.remote(s.id) for r in live], timeout=30)
+        holders = [info for info in infos if isinstance(info, SessionInfo)]
+        assert len(holders) == 1 and holders[0].idle_timeout_s == IDLE_S, infos
+
+    for s in sessions:
+        assert s.close()
+    wait_for(
+        lambda: ray.get(server.server.router.session_count.remote()) == 0,
+        30,
+        0.1,
+        "an empty router table",
+    )
+    server.wait_at_capacity(live)
+    client.close()
