@@ -88,7 +88,9 @@ def main() -> None:
     for sampling in SAMPLINGS:
         counts = {}
         for n in BATCHES:
-            runs = [decode_calls(engine, n, new, sampling, args.device) for _ in range(args.repeats)]
+            runs = [
+                decode_calls(engine, n, new, sampling, args.device) for _ in range(args.repeats)
+            ]
             counts[n] = runs[0][0]
             ms = Spread.of(r[1] * 1e3 for r in runs).format(".2f")
             table.add(sampling, n, f"{counts[n]:,}", f"{counts[n] / counts[1]:.2f}", ms)
@@ -100,7 +102,10 @@ def main() -> None:
     table.print()
     for sampling, spread in spreads.items():
         verdict = "met" if spread <= GOAL_SPREAD else "NOT met"
-        print(f"  {sampling}: calls spread {spread:.0%} over 1/8/64 sessions (goal <= 10 %: {verdict})")
+        print(
+            f"  {sampling}: calls spread {spread:.0%} over 1/8/64 sessions "
+            f"(goal <= 10 %: {verdict})"
+        )
 
 
 if __name__ == "__main__":
