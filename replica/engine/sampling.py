@@ -82,22 +82,23 @@ def sample(
     probs = torch.softmax(logits / rows.temperature[:, None], dim=-1)
     good = finite & (rows.greedy | torch.isfinite(probs).all(dim=-1))
     probs = torch.where(good[:, None], probs, 0.0)  # bad rows: inert (their token is not used)
-    order = None
-    if rows.filtered:
-        probs, order = probs.sort(dim=-1, descending=True, stable=True)
+    if rows.filtered:  # which tokens each row keeps, found in sorted order, applied in place
+        ranked, order = probs.sort(dim=-1, descending=True, stable=True)
         rank = torch.arange(vocab, device=logits.device)[None, :]
         use_k = (rows.top_k > 0) & (rows.top_k < vocab)
-        probs = probs * (~use_k[:, None] | (rank < rows.top_k[:, None]))
-        total = probs.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(probs.dtype).tiny)
-        probs = torch.where(use_k[:, None], probs / total, probs)
+        keep = ~use_k[:, None] | (rank < rows.top_k[:, None])
+        ranked = ranked * keep
+        mass = ranked.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(ranked.dtype).tiny)
+        ranked = torch.where(use_k[:, None], ranked / mass, ranked)  # top_p of what top_k kept
         use_p = (rows.top_p > 0.0) & (rows.top_p < 1.0)
-        below = (probs.cumsum(dim=-1) - probs) < rows.top_p[:, None]  # smallest set reaching p
-        probs = probs * (~use_p[:, None] | below)
+        below = (ranked.cumsum(dim=-1) - ranked) < rows.top_p[:, None]  # smallest set reaching p
+        keep = keep & (~use_p[:, None] | below)
+        probs = probs * torch.zeros_like(keep).scatter_(1, order, keep)
+    # the inverse CDF in vocabulary order, whatever the row's filters: a row's token depends on
+    # its own distribution and draw only
     cdf = probs.double().cumsum(dim=-1)
     target = uniforms(rows.seeds, counters) * cdf[:, -1]
     choice = torch.searchsorted(cdf, target[:, None], right=True)[:, 0]
     last = (probs > 0).cumsum(dim=-1).argmax(dim=-1)  # the last token with probability
     choice = torch.minimum(choice, last)
-    if order is not None:
-        choice = order.gather(1, choice[:, None])[:, 0]
     return torch.where(rows.greedy, greedy_tokens, choice), good

@@ -62,11 +62,14 @@ class TurnBatch:
         ends = (self.counters >= self.max_new) | ~good
         if self.end_ids is not None:
             ends |= (tokens[:, None] == self.end_ids).any(dim=-1)
+        # one transfer from the device for the whole batch
+        tokens, ends, good = torch.stack([tokens, ends.long(), good.long()]).tolist()
         errors: dict[int, Exception] = {}
-        if not bool(good.all()):
-            for b in (~good).nonzero()[:, 0].tolist():
-                errors[b] = self._why(logits[b], self.reqs[b])
-        return tokens.tolist(), ends.tolist(), errors
+        if 0 in good:
+            for b, ok in enumerate(good):
+                if not ok:
+                    errors[b] = self._why(logits[b], self.reqs[b])
+        return tokens, ends, errors
 
     @staticmethod
     def _why(row: torch.Tensor, req: Req) -> SamplingError:
