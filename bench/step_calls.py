@@ -1,6 +1,8 @@
 """The Python work of one decode step, by batch size: function calls (cProfile's count, builtins
 included) of one decode-only ``Engine.step`` with 1 / 8 / 64 sessions decoding together, greedy
-and seeded (temperature 0.8, top_p 0.9, top_k 50), and the step's time at the 10th percentile.
+and seeded (temperature 0.8, top_p 0.9, top_k 50), and the step's time at the 10th percentile:
+CPU time of this process on the CPU (the machine is shared; with one torch thread the step's
+work is this process's), wall time after a synchronize on CUDA.
 
 The calls are the engine's own work whatever else the machine does: a step whose Python work
 is constant in the batch has the same count at every batch size (goal: within 10 %). The
@@ -64,11 +66,12 @@ def decode_calls(
             profile.runcall(engine.step)
             calls = pstats.Stats(profile).total_calls
             continue
-        start = time.perf_counter()
+        clock = time.perf_counter if device.startswith("cuda") else time.process_time
+        start = clock()
         engine.step()
         sync(device)
         if full:
-            times.append(time.perf_counter() - start)
+            times.append(clock() - start)
     for sid in sids:
         engine.close_session(sid)
     engine.check_invariant()
