@@ -16,7 +16,7 @@ import torch
 from replica.api import SamplingParams
 from replica.config import PoolConfig
 from replica.engine.sampling import RowSampling, sample, seed_halves, uniforms
-from tests.support.engine import close_and_check, make_engine
+from tests.support.engine import close_and_check, make_engine, run_turn, token_ids
 
 LOGITS = [2.0, 1.5, 0.3, -0.2, 1.1, -1.0]
 
@@ -127,3 +127,30 @@ def test_decode_step_calls_grow_only_by_the_output_of_each_session(temperature):
     # per session: its token appended, its detokenizer step, its event (the floor of the API);
     # before the batch state was kept, 26 (greedy) to 38 (seeded) calls per session
     assert (many - one) / 63 <= 9, (one, many)
+
+
+def test_a_seeded_turn_is_the_same_while_the_batch_around_it_changes():
+    """The decode batch's kept state (plan, index tensors, sampling rows) is rebuilt when turns
+    join and end: a seeded turn's tokens are those it makes alone, whoever joins or leaves."""
+    prompt = token_ids(12, 3)
+    sampling = SamplingParams(24, temperature=1.0, top_p=0.9, top_k=40, seed=77)
+    engine = make_engine(PoolConfig(max_sessions=8, kv_tokens=2048, max_context=128))
+    engine.open_session("alone")
+    alone = run_turn(engine, "alone", prompt, sampling)
+    for sid in ("a", "short", "late", "later"):
+        engine.open_session(sid)
+    turn = engine.submit("a", prompt, sampling)
+    engine.submit("short", token_ids(5, 4), SamplingParams(3, temperature=0.7, seed=1))
+    tokens, joined, last = [], [], None
+    while engine.has_work:
+        for event in engine.step():
+            if event.turn_id == turn.rid:
+                tokens += event.token_ids
+                last = event if event.finished else last
+        if len(tokens) in (6, 11) and len(joined) < 2:  # join mid-turn, greedy and seeded
+            sid = ("late", "later")[len(joined)]
+            params = SamplingParams(30) if not joined else SamplingParams(4, 1.2, seed=5)
+            joined.append(engine.submit(sid, token_ids(9, 5 + len(joined)), params))
+    assert len(joined) == 2
+    assert (tokens, last.finish_reason, last.committed_tokens) == alone
+    close_and_check(engine)
