@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from replica.api import FinishReason, SamplingParams, StatusCode
-from replica.engine.sampling import SamplingError, sample_row
+from replica.engine.sampling import RowSampling, sample
 from tests.support.engine import close_and_check, drain, make_engine, run_turn, tiny_bamba
 
 SMALLEST_FLOAT32 = 1.401298464324817e-45  # what temperature=1e-45 becomes on the wire (float)
@@ -30,11 +30,26 @@ def test_a_temperature_too_small_to_compute_is_greedy():
     close_and_check(engine)
 
 
-def test_sample_row_refuses_what_it_cannot_compute():
-    gen = torch.Generator().manual_seed(0)
-    with pytest.raises(SamplingError):
-        sample_row(torch.tensor([1.0, 2.0, 3.0]), 1e-45, 1.0, gen)  # 3 / 1e-45 overflows
-    assert sample_row(torch.tensor([1.0, 9.0, 3.0]), 1e-5, 1.0, gen) == 1
+def rows(temperature: list[float]) -> RowSampling:
+    """Rows sampled at ``temperature`` each (not greedy), no top_k / top_p."""
+    n = len(temperature)
+    return RowSampling(
+        greedy=torch.zeros(n, dtype=torch.bool),
+        temperature=torch.tensor(temperature),
+        top_p=torch.ones(n),
+        top_k=torch.zeros(n, dtype=torch.long),
+        seeds=torch.zeros(n, 2, dtype=torch.long),
+        all_greedy=False,
+        filtered=False,
+    )
+
+
+def test_sample_refuses_what_it_cannot_compute():
+    logits = torch.tensor([[1.0, 2.0, 3.0], [1.0, 9.0, 3.0], [1.0, float("nan"), 3.0]])
+    tokens, good = sample(logits, rows([1e-45, 1e-5, 1.0]), torch.zeros(3, dtype=torch.long))
+    # 3 / 1e-45 overflows; at 1e-5 all the mass is on the largest logit; NaN logits are bad
+    assert good.tolist() == [False, True, False]
+    assert int(tokens[1]) == 1
 
 
 @pytest.fixture(scope="module")

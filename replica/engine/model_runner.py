@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from replica.engine.decode_inputs import DecodeInputs
 from replica.model import HybridModel
 from replica.pools.hybrid_pool import HybridReqToTokenPool
 from replica.sessions.request import Req
@@ -21,6 +22,7 @@ class ModelRunner:
         self.buffers = pool.buffers
         self.device = pool.req_to_token.device
         self.prefilled_tokens = 0  # input tokens folded in by extend_batch, all turns so far
+        self._decoding: DecodeInputs | None = None  # the decode batch of the last step
 
     def extend_batch(self, chunks: list[tuple[Req, int]]) -> torch.Tensor:
         """Fold the next ``n`` input tokens of each ``(req, n)`` in one forward; logits of each
@@ -39,20 +41,21 @@ class ModelRunner:
         return logits
 
     def decode(self, reqs: list[Req]) -> torch.Tensor:
-        """Fold each turn's last generated token; logits ``[B, vocab]``."""
-        positions = [req.folded_len for req in reqs]
-        width = max(positions) + 1
-        rows = torch.tensor(
-            [req.slots.req_pool_idx for req in reqs], dtype=torch.long, device=self.device
-        )
+        """Fold each turn's last generated token; logits ``[B, vocab]``. The batch's index
+        tensors are kept while its turns are the same (``DecodeInputs``)."""
+        inputs = self._decoding
+        if inputs is None or not inputs.same(reqs):
+            inputs = self._decoding = DecodeInputs(reqs, self.device)
+        ids = torch.tensor([req.output_ids[-1] for req in reqs], dtype=torch.long)
         logits = self.model.forward_decode(
-            torch.tensor([req.output_ids[-1] for req in reqs], dtype=torch.long),
-            torch.tensor(positions, dtype=torch.long),
-            torch.tensor([req.slots.mamba_pool_idx for req in reqs], dtype=torch.long),
-            self.pool.req_to_token[rows, :width],
-            torch.tensor(positions, dtype=torch.long) + 1,
+            ids,
+            inputs.positions,
+            inputs.mamba_slots,
+            self.pool.req_to_token[inputs.rows, : inputs.width],
+            inputs.positions + 1,
             self.buffers,
         )
+        inputs.advance()
         for req in reqs:
             req.folded_len += 1
         return logits

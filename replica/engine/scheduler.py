@@ -77,6 +77,9 @@ class Scheduler:
         self.max_batch_tokens = max_batch_tokens
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
+        # the last plan, while it holds: no prefill in it (prefill moves turns into decode)
+        # and no turn admitted or finished since
+        self._decode_only: StepPlan | None = None
 
     def add(self, req: Req) -> None:
         self.waiting.append(req)
@@ -115,9 +118,14 @@ class Scheduler:
                 continue
             req.kv_len = target
             self.running.append(req)
+            self._decode_only = None
         return refused
 
     def plan(self) -> StepPlan:
+        """What the next step runs. A decode-only plan is kept (the same lists) until a turn
+        is admitted or finishes, so a step of the same turns costs O(1) here."""
+        if self._decode_only is not None:
+            return self._decode_only
         plan = StepPlan()
         budget = self.max_batch_tokens
         for req in self.running:
@@ -131,10 +139,13 @@ class Scheduler:
                 n = min(left, self.max_prefill_chunk, budget)
                 plan.prefill.append((req, n))
                 budget -= n
+        if not plan.prefill:
+            self._decode_only = plan
         return plan
 
     def finish(self, req: Req) -> None:
         self.running.remove(req)
+        self._decode_only = None
 
     def find(self, session_id: str) -> tuple[Req | None, bool]:
         """The session's turn, and whether it is running (else waiting)."""

@@ -9,8 +9,8 @@ model's EOS, a stop id or stop string of the request, or ``max_new_tokens``), en
 (``commit``: the session keeps what the turn produced; ``fail``: the session rolls back to its
 checkpoint), and collects the ``TurnEvent``s produced since the last ``take``, each addressed
 to its session's gateway.
-A turn's sampling generator and text exist from ``start`` (its input is folded in) until
-it ends; every way a turn ends goes through here, so neither outlives its turn. Owned by the
+A turn's text exists from ``start`` (its input is folded in) until
+it ends; every way a turn ends goes through here, so it does not outlive its turn. Owned by the
 engine and used on its thread only.
 """
 
@@ -22,8 +22,8 @@ from collections.abc import Callable
 import torch
 
 from replica.api import FinishReason, StatusCode, TurnEvent
-from replica.engine.sampling import make_generator, sample
 from replica.engine.scheduler import Scheduler, input_left
+from replica.engine.turn_batch import TurnBatch
 from replica.engine.turn_text import TurnText
 from replica.model import Tokenizer
 from replica.sessions.request import Req
@@ -39,7 +39,7 @@ class TurnOutputs:
         self.tokenizer = tokenizer
         self.scheduler = scheduler
         self.sessions = sessions
-        self.generators: dict[int, torch.Generator | None] = {}  # by turn id
+        self._decoding: TurnBatch | None = None  # the decode batch of the last step
         self._text: dict[int, TurnText] = {}  # by turn id
         self._events: list[TurnEvent] = []  # produced since the last ``take``
 
@@ -48,7 +48,8 @@ class TurnOutputs:
     ) -> None:
         """Run ``forward`` for the running turns ``reqs`` (one logits row each) and take each
         row's next token. A failed forward fails the turns in it; a row that cannot be sampled
-        or taken fails only its own turn (INTERNAL); the other turns go on."""
+        or taken fails only its own turn (INTERNAL); the other turns go on. The decode batch's
+        ``TurnBatch`` is kept while its turns are the same."""
         try:
             logits = forward()
         except Exception as exc:  # noqa: BLE001 - a failed forward must not lose the slots
@@ -64,11 +65,22 @@ class TurnOutputs:
                 else:
                     self.start(reqs[i])
             rows = [i for i in rows if reqs[i].sampling.max_new_tokens]
+            if not rows:
+                return
             logits, reqs = logits[rows], [reqs[i] for i in rows]
-        for req, token in zip(reqs, sample(logits, reqs, self.generators)):
+            batch = self._batch(reqs, logits.device)
+        else:
+            batch = self._decoding
+            if batch is None or not batch.same(reqs):
+                batch = self._decoding = self._batch(reqs, logits.device)
+        tokens, ends, errors = batch.sample(logits)
+        for b, (req, token, end, gateway) in enumerate(zip(reqs, tokens, ends, batch.gateways)):
             try:
-                if isinstance(token, Exception):
-                    raise token
+                if not end:  # the common case: the turn goes on
+                    self._stream(req, token, gateway)
+                    continue
+                if b in errors:
+                    raise errors[b]
                 self.accept(req, token)
             except Exception as exc:  # noqa: BLE001 - fails this turn only, never the step
                 if req not in self.scheduler.running:
@@ -76,11 +88,26 @@ class TurnOutputs:
                 log.warning("turn %d of session %s failed: %s", req.rid, req.session_id, exc)
                 self.fail(req, StatusCode.INTERNAL, f"sampling the next token failed: {exc}")
 
+    def _batch(self, reqs: list[Req], device: torch.device) -> TurnBatch:
+        gateways = [self.sessions.get(req.session_id).gateway_id for req in reqs]
+        return TurnBatch(reqs, gateways, device)
+
     def start(self, req: Req) -> None:
-        """The turn's input is folded in: it samples from now on (seeded here); the state
-        is cached at this boundary."""
-        self.generators[req.rid] = make_generator(req)
+        """The turn's input is folded in: it samples from now on; the state is cached at this
+        boundary."""
+        self._text[req.rid] = TurnText(self.tokenizer, req.sampling.stop)
         self.sessions.input_folded(req)
+
+    def _stream(self, req: Req, token: int, gateway: str) -> None:
+        """Take a token that ends the turn by no id and not by length (``TurnBatch`` checked
+        that): only a stop string it completes can end it."""
+        req.output_ids.append(token)
+        piece, stopped = self._text[req.rid].push(token)
+        if stopped:
+            self.commit(req, FinishReason.STOP, (token,), piece)
+            return
+        event = TurnEvent(req.session_id, req.rid, (token,), piece, None, 0, None, None, gateway)
+        self._events.append(event)
 
     def accept(self, req: Req, token: int) -> None:
         """Take the token sampled for a running turn; ends the turn (STOP) at the model's EOS
@@ -148,7 +175,6 @@ class TurnOutputs:
         return events
 
     def _forget(self, req: Req) -> str:
-        """Drop the turn's generator and text; returns the text it still held back."""
-        self.generators.pop(req.rid, None)
+        """Drop the turn's text; returns the text it still held back."""
         text = self._text.pop(req.rid, None)
         return text.finish() if text else ""

@@ -17,9 +17,11 @@ class TurnText:
     def __init__(self, tokenizer: Tokenizer, stops: tuple[str, ...] = ()) -> None:
         self._stream = TextStream(tokenizer)
         self._stops = StopStrings(stops)
+        self._has_stops = bool(stops)  # most turns have none: their pieces stream as they come
 
     def push(self, token_id: int) -> tuple[str, bool]:
-        return self._stops.feed(self._stream.push(token_id))
+        piece = self._stream.push(token_id)
+        return self._stops.feed(piece) if self._has_stops else (piece, False)
 
     def finish(self) -> str:
         text, _ = self._stops.feed(self._stream.flush())
