@@ -4,6 +4,10 @@ A checkpoint must outlive its replica's process, and on a multi-node cluster its
 store is placed on another alive node than the replica's (soft affinity, so a one-node cluster
 still gets one, on the same node), asks for no CPU, and is named ``<replica id>-checkpoints``
 in the cluster's namespace. It starts following the replica at once.
+
+Never on the head node while any other node can take it: the head is the node that restarts
+(GCS fault tolerance), and an actor there waits for Ray to notice the old head is gone before it
+is restarted, empty.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import itertools
 from typing import Any
 
 import ray
+from ray._common.constants import HEAD_NODE_RESOURCE_NAME
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from replica.actor import CheckpointStore
@@ -21,8 +26,13 @@ _spread = itertools.count()
 
 
 def other_node(node_id: str) -> str | None:
-    """An alive node that is not ``node_id`` (round robin among them), or None."""
-    others = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != node_id)
+    """An alive worker node (not the head) that is not ``node_id``, round robin among them;
+    else ``node_id`` itself when it is a worker; else any alive node but ``node_id``; else
+    None (a one-node cluster)."""
+    alive = [n for n in ray.nodes() if n["Alive"]]
+    workers = {n["NodeID"] for n in alive if HEAD_NODE_RESOURCE_NAME not in n["Resources"]}
+    others = sorted(workers - {node_id}) or sorted(workers & {node_id})
+    others = others or sorted(n["NodeID"] for n in alive if n["NodeID"] != node_id)
     return others[next(_spread) % len(others)] if others else None
 
 
