@@ -68,6 +68,8 @@ def cluster(tmp_path):
     redis = started([shutil.which("redis-server"), "--port", str(redis_port), "--bind",
                      "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
                     tmp_path / "redis.log", user_env(), "Ready to accept connections")  # fmt: skip
+    # "1": two nodes on one machine (Ray's single-node loopback mode, "0", refuses a second
+    # node); the nodes then advertise the machine's address, and the GCS port answers on both
     env = user_env(HOME=str(tmp_path), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1")
     # the same storage namespace on every start of the head: that is what it reloads
     head_env = {**env, "RAY_REDIS_ADDRESS": f"127.0.0.1:{redis_port}",
