@@ -2,8 +2,8 @@
 
 A checkpoint must outlive its replica's process, and on a multi-node cluster its node too: the
 store is placed on another alive node than the replica's (a worker node is required when there
-is one; a one-node cluster still gets one, on the same node), asks for no CPU, and is named ``<replica id>-checkpoints``
-in the cluster's namespace. It starts following the replica at once.
+is one; a one-node cluster still gets one, on the same node), asks for no CPU, and is named
+``<replica id>-checkpoints`` in the cluster's namespace. It starts following the replica at once.
 
 Never on the head node while any other node can take it: the head is the node that restarts
 (GCS fault tolerance), and an actor there waits for Ray to notice the old head is gone before it
