@@ -207,3 +207,25 @@ def test_the_image_pairs_a_torch_wheel_that_exists_with_rays_image_of_its_cuda()
         args["TORCH_INDEX"].replace("${CUDA}", cuda) == f"https://download.pytorch.org/whl/{cuda}"
     )
     assert cuda in TORCH_213_CUDA & RAY_260_CUDA, cuda
+
+
+def test_the_head_restarts_on_redis_and_holds_no_replica(base, cluster):
+    """GCS fault tolerance: the head's GCS is kept in the Redis that redis.yaml serves, with the
+    password from the Secret the Redis reads; only head pods reach it; the head offers Ray
+    neither CPU nor GPU, so no replica lands on the node that restarts."""
+    options = cluster["spec"]["gcsFaultToleranceOptions"]
+    redis = base["Service/session-router-redis"]
+    host, port = options["redisAddress"].removeprefix("redis://").split(":")
+    assert host == redis["metadata"]["name"] and int(port) == redis["spec"]["ports"][0]["port"]
+    secret = options["redisPassword"]["valueFrom"]["secretKeyRef"]
+    pod = base["Deployment/session-router-redis"]["spec"]["template"]["spec"]
+    (auth,) = [v for v in pod["volumes"] if "secret" in v]
+    assert auth["secret"]["secretName"] == secret["name"]
+    assert f"/{secret['key']})" in pod["containers"][0]["args"][0]
+    assert options["externalStorageNamespace"], "a restarted head reloads its namespace"
+    policy = base["NetworkPolicy/session-router-redis"]["spec"]
+    (rule,) = policy["ingress"]
+    assert rule["from"] == [{"podSelector": {"matchLabels": {
+        "ray.io/cluster": cluster["metadata"]["name"], "ray.io/node-type": "head"}}}]  # fmt: skip
+    head = cluster["spec"]["headGroupSpec"]["rayStartParams"]
+    assert head["num-cpus"] == "0" and head["num-gpus"] == "0"

@@ -1,10 +1,14 @@
 """Starting a replica's ``CheckpointStore`` (``--session-checkpoints``), away from its node.
 
 A checkpoint must outlive its replica's process, and on a multi-node cluster its node too: the
-store is placed on another alive node than the replica's (soft affinity, so a one-node cluster
-still gets one, on the same node), asks for no CPU, and is named ``<replica id>-checkpoints``
-in the cluster's namespace (a replacement ``<replica id>-checkpoints-<n>``). It starts following
-the replica at once.
+store is placed on another alive node than the replica's (a worker node is required when there
+is one; a one-node cluster still gets one, on the same node), asks for no CPU, and is named
+``<replica id>-checkpoints`` in the cluster's namespace (a replacement
+``<replica id>-checkpoints-<n>``). It starts following the replica at once.
+
+Never on the head node while any other node can take it: the head is the node that restarts
+(GCS fault tolerance), and an actor there waits for Ray to notice the old head is gone before it
+is restarted, empty.
 """
 
 from __future__ import annotations
@@ -19,12 +23,21 @@ from replica.actor import CheckpointStore
 from replica.checkpoints.store_client import CheckpointStoreClient
 
 _spread = itertools.count()
+HEAD_NODE_RESOURCE = "node:__internal_head__"  # the resource Ray gives its head node
 
 
-def other_node(node_id: str) -> str | None:
-    """An alive node that is not ``node_id`` (round robin among them), or None."""
-    others = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != node_id)
-    return others[next(_spread) % len(others)] if others else None
+def other_node(node_id: str) -> tuple[str, bool] | None:
+    """Where the store of a replica on ``node_id`` goes, and whether it must go there (True:
+    a worker node): an alive worker node (not the head) that is not ``node_id``, round robin
+    among them; else ``node_id`` itself when it is a worker; else any alive node but
+    ``node_id`` (preferred only); else None (a one-node cluster)."""
+    alive = [n for n in ray.nodes() if n["Alive"]]
+    workers = {n["NodeID"] for n in alive if HEAD_NODE_RESOURCE not in n["Resources"]}
+    others = sorted(workers - {node_id}) or sorted(workers & {node_id})
+    if others:
+        return others[next(_spread) % len(others)], True
+    others = sorted(n["NodeID"] for n in alive if n["NodeID"] != node_id)
+    return (others[next(_spread) % len(others)], False) if others else None
 
 
 async def start_store(
@@ -35,7 +48,9 @@ async def start_store(
     keep a dead actor's name for a while."""
     name = f"{replica_id}-checkpoints" + (f"-{generation}" if generation else "")
     away = other_node(node_id)
-    strategy = NodeAffinitySchedulingStrategy(away, soft=True) if away else "DEFAULT"
+    # a worker node is a must: with a soft affinity a busy raylet spills the store back to
+    # another node, the head included (seen on a head restart: that store died with the head)
+    strategy = NodeAffinitySchedulingStrategy(away[0], soft=not away[1]) if away else "DEFAULT"
     store = (
         ray.remote(CheckpointStore)
         .options(

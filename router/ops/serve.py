@@ -28,7 +28,6 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from replica.actor_client import ReplicaClient
-from replica.api import ActorError
 from replica.router_reports import RouterReports
 from router.config import ServeConfig
 from router.control.api import ROUTER_NAME
@@ -40,6 +39,7 @@ from router.ops import ray_join
 from router.ops.autoscaler import Autoscaler
 from router.ops.checkpoint_stores import start_store
 from router.ops.gateway_server import GatewayServer
+from router.ops.reattach import known_replicas
 from router.ops.scaling_metrics import ScalingMetrics
 from router.ops.scheduling import replica_resources, wait_until_up
 from router.ops.store_keeper import StoreKeeper
@@ -186,7 +186,9 @@ class Server:
         else:
             self.router = self._detached(SessionRouter, ROUTER_NAME, max_restarts=-1,
                                          max_concurrency=10_000).remote(cfg.router)  # fmt: skip
-        self.responses = self._detached(ResponseStore, RESPONSES_NAME).remote(
+        # restarted by Ray when its node dies (a head restart), empty: stored responses are a
+        # cache of the HTTP Responses API, not a session's state
+        self.responses = self._detached(ResponseStore, RESPONSES_NAME, max_restarts=-1).remote(
             cfg.gateway.max_stored_responses, cfg.gateway.response_ttl_s
         )
         missing = cfg.replicas - len(self.replicas)
@@ -231,10 +233,7 @@ class Server:
                 return None
 
         self.router = router
-        handles = await RouterClient(router).replica_handles()
-        if isinstance(handles, ActorError):
-            raise ValueError(f"the deployment's router did not answer: {handles.message}")
-        self.replicas = dict(handles)
+        self.replicas = await known_replicas(router, namespace)
         for replica_id in self.replicas:
             store = await named(f"{replica_id}-checkpoints")
             if store is not None:  # None: checkpoints off, or its store is gone
