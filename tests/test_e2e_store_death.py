@@ -26,6 +26,7 @@ import ray
 
 from replica.checkpoints.holds import HOLD_S
 from router.client import SessionClient
+from router.ops.serve import Server
 from tests.support.cluster import ServerThread, drain_stream, tokens, wait_for
 from tests.support.metrics import parse_samples, select
 
@@ -41,10 +42,13 @@ def server(ray_cluster):
     srv.stop()
 
 
+def pid_of(handle) -> int:
+    return ray.get(handle.__ray_call__.remote(lambda actor: os.getpid()), timeout=30)
+
+
 def sigkill(handle) -> None:
     """Kill an actor's worker process the hard way (no Ray shutdown path runs)."""
-    pid = ray.get(handle.__ray_call__.remote(lambda actor: os.getpid()), timeout=30)
-    os.kill(pid, signal.SIGKILL)
+    os.kill(pid_of(handle), signal.SIGKILL)
 
 
 class Turns:
@@ -133,6 +137,11 @@ def test_a_dead_store_is_replaced_and_its_sessions_checkpointed_again(server):
     assert held_by_new == len(mine)
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(old_store.stats.remote(), timeout=30)
+    # a serve that takes the deployment over (after a crash of this one) supervises the new
+    # store, whose name is not the first one's
+    taker = Server(server.config)
+    server.call(taker.adopt(server.server.router))
+    assert pid_of(taker.stores[victim]) == pid_of(new_store)
     wait_for(
         lambda: (
             exported(server, "session_router_sessions_unprotected", victim) == [0]

@@ -132,6 +132,9 @@ class RouterClient:
     async def replica_handles(self, *, retry: bool = True) -> dict[str, Any] | ActorError:
         return await self._call(lambda: self.handle.replica_handles.remote(), retry)
 
+    async def checkpoint_stores(self, *, retry: bool = True) -> dict[str, Any] | ActorError:
+        return await self._call(lambda: self.handle.checkpoint_stores.remote(), retry)
+
     async def replica_failed(
         self, *, replica_id: str, why: str, wait: bool = True, retry: bool = True
     ) -> FailoverOutcome | ActorError:

@@ -61,6 +61,11 @@ class ClusterCalls:
         """The actor handle of every live replica, by id (gateways open sessions on them)."""
         return self.replicas.live_handles()
 
+    async def checkpoint_stores(self) -> dict[str, Any]:
+        """Every live replica's current checkpoint store, by replica id (a serve taking over the
+        deployment supervises them; a replacement's name is not the first store's)."""
+        return self.replicas.live_stores()
+
     async def replace_checkpoint_store(self, replica_id: str, store: Any) -> bool:
         """``store`` now keeps ``replica_id``'s checkpoints (its failover reads them there); False
         when the replica is not a live one here (the caller ends ``store``)."""

@@ -58,6 +58,15 @@ class ReplicaRegistry:
             if entry.health != ReplicaHealth.DEAD
         }
 
+    def live_stores(self) -> dict[str, Any]:
+        """The checkpoint store of every replica not dead that has one, by replica id (the
+        latest: a replaced store's successor)."""
+        return {
+            rid: entry.checkpoints
+            for rid, entry in self._entries.items()
+            if entry.health != ReplicaHealth.DEAD and entry.checkpoints is not None
+        }
+
     # ----- changing -----------------------------------------------------------------------
 
     def register(

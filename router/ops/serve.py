@@ -28,6 +28,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from replica.actor_client import ReplicaClient
+from replica.api import ActorError
 from replica.router_reports import RouterReports
 from router.config import ServeConfig
 from router.control.api import ROUTER_NAME
@@ -234,10 +235,12 @@ class Server:
 
         self.router = router
         self.replicas = await known_replicas(router, namespace)
-        for replica_id in self.replicas:
-            store = await named(f"{replica_id}-checkpoints")
-            if store is not None:  # None: checkpoints off, or its store is gone
-                self.stores[replica_id] = store
+        stores = await RouterClient(router).checkpoint_stores()
+        if isinstance(stores, ActorError):
+            raise ValueError(f"the deployment's router did not answer: {stores.message}")
+        # the router's are the current ones (a replacement has a name of its own); none for a
+        # replica: checkpoints off, or its store is gone (the keeper replaces it)
+        self.stores.update((rid, store) for rid, store in stores.items() if rid in self.replicas)
         self.responses = await named(RESPONSES_NAME)
         numbers = [int(r.rsplit("-", 1)[1]) for r in self.replicas if r.rsplit("-", 1)[1].isdigit()]
         self._replica_ids = itertools.count(max(numbers, default=-1) + 1)
