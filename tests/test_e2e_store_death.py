@@ -105,11 +105,7 @@ def test_a_dead_store_is_replaced_and_its_sessions_checkpointed_again(server):
     for load in loads:
         load.thread.start()
     wait_for(lambda: all(len(load.took) >= 3 for load in loads), 120, 0.05, "three turns each")
-    wait_for(
-        lambda: checkpoint_state(server, victim) == (0, len(mine), len(mine)),
-        10,
-        what="every session of the victim checkpointed",
-    )
+    wait_all_checkpointed(server, victim, len(mine), 10, "every session of the victim checkpointed")
     wait_for(  # /metrics shows the router's latest snapshot of the replica, a moment behind
         lambda: exported(server, "session_router_sessions_unprotected", victim) == [0],
         10,
@@ -184,6 +180,13 @@ def test_a_dead_store_is_replaced_and_its_sessions_checkpointed_again(server):
     client.close()
 
 
+def wait_all_checkpointed(server, victim: str, sessions: int, timeout: float, what: str) -> None:
+    """Until none of the victim's ``sessions`` is unprotected and its store holds them all."""
+    wait_for(
+        lambda: checkpoint_state(server, victim) == (0, sessions, sessions), timeout, what=what
+    )
+
+
 def retry_unavailable(generate, attempts: int = 3, **request):
     """Run a turn; the one in flight at a replica's death ends UNAVAILABLE and is retried."""
     for attempt in range(attempts):
@@ -208,11 +211,7 @@ def test_a_hung_store_holds_no_turn_up_and_follows_again(server):
     for load in loads:
         load.thread.start()
     wait_for(lambda: all(len(load.took) >= 2 for load in loads), 120, 0.05, "two turns each")
-    wait_for(
-        lambda: checkpoint_state(server, victim) == (0, len(mine), len(mine)),
-        10,
-        what="every session of the victim checkpointed",
-    )
+    wait_all_checkpointed(server, victim, len(mine), 10, "every session of the victim checkpointed")
     slowest_before = max(took for load in loads for _, took in load.took)
     store = server.server.stores[victim]
     pid = ray.get(store.__ray_call__.remote(lambda actor: os.getpid()), timeout=30)
@@ -228,10 +227,8 @@ def test_a_hung_store_holds_no_turn_up_and_follows_again(server):
         given_up_s = time.monotonic() - stopped_at
     finally:
         os.kill(pid, signal.SIGCONT)
-    wait_for(
-        lambda: checkpoint_state(server, victim) == (0, len(mine), len(mine)),
-        30,
-        what="the store to follow again and hold every session",
+    wait_all_checkpointed(
+        server, victim, len(mine), 30, "the store to follow again and hold every session"
     )
     assert server.server.stores[victim] is store  # the same store, following again
     assert ray.get(store.following.remote(), timeout=30)
