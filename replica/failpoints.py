@@ -21,9 +21,6 @@ exists to catch:
   open (``open_sessions``) each raise an ordinary exception inside the actor, once, before
   touching any state (``CallFaults``); the replica stays alive and well, so its callers must
   fail that one call INTERNAL and keep the replica in service (``router.call_errors``).
-- ``no_checkpoint_at_open``: a session opened empty is not checkpointed until its first turn
-  ends, as if its replica died before its first checkpoint landed; a failover then finds no
-  checkpoint of it and must open it again, empty (``router.control.failover``), not lose it.
 """
 
 from __future__ import annotations
@@ -41,7 +38,6 @@ NAMES = (
     "park_copy_fails",
     "park_host_alloc_fails",
     "replica_call_raises",
-    "no_checkpoint_at_open",
 )
 CALLS_THAT_RAISE = ("submit_turns", "open_sessions")  # what replica_call_raises arms, once each
 

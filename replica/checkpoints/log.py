@@ -2,11 +2,13 @@
 
 Whenever a session's state changes (it opens, a turn ends, a queued input is folded into its
 pending tokens, it arrives by migration) it is noted *changed*; after the engine step in which
-that happened, ``take`` exports every changed idle session's whole state (``StateTransfer``, one
+that happened, ``take`` exports every changed idle session's state (``StateTransfer``, one
 ``SessionStates`` record per session, so each is stored and freed on its own) and hands the
-records, with the sessions released since, to the replica's ``CheckpointOutbox``. This is the
-only part of checkpointing on the engine thread: one copy of the changed sessions' state, right
-after the step; writing them out happens on the actor's event loop, off the token path.
+records, with the sessions released since, to the replica's ``CheckpointOutbox``. A session's
+first record for the store that follows now is its whole state; each after it is a delta
+(``replica.checkpoints.chain``): the recurrent state and the KV positions since the one
+before. This is the only part of checkpointing on the engine thread: one copy of what changed,
+right after the step; writing it out happens on the actor's event loop, off the token path.
 
 Nothing is exported while no checkpoint store follows the replica (``enabled`` False): a session
 changed meanwhile gets its first checkpoint at its next change.
@@ -51,7 +53,8 @@ class CheckpointLog:
         self.enabled = False  # a store follows the replica (set from the actor's event loop)
         self._changed: dict[str, SessionSlot] = {}
         self._checkpointed: set[str] = set()  # sessions with a checkpoint written or on its way
-        self._sent: set[str] = set()  # those taken since the store that follows now connected
+        # those taken since the store that follows now connected: their committed length then
+        self._sent: dict[str, int] = {}
         self._dropped: list[str] = []
         self._released: list[str] = []
 
@@ -61,7 +64,7 @@ class CheckpointLog:
 
     def released(self, session_id: str) -> None:
         self._changed.pop(session_id, None)
-        self._sent.discard(session_id)
+        self._sent.pop(session_id, None)
         if session_id in self._checkpointed:
             self._checkpointed.discard(session_id)
             self._released.append(session_id)
@@ -86,12 +89,15 @@ class CheckpointLog:
         if not self.enabled:
             self._changed.clear()
         ready = [s for s in self._changed.values() if s.turn is None]
+        saved = []
         for slot in ready:
-            del self._changed[slot.session_id]
-            self._checkpointed.add(slot.session_id)
-            self._sent.add(slot.session_id)
-        batch = CheckpointBatch(
-            [self.transfer.export([slot]) for slot in ready], self._dropped, self._released
-        )
+            sid = slot.session_id
+            del self._changed[sid]
+            self._checkpointed.add(sid)
+            before = self._sent.get(sid, 0)
+            kv_from = {sid: before} if 0 < before <= slot.committed_len else None
+            saved.append(self.transfer.export([slot], kv_from=kv_from))
+            self._sent[sid] = slot.committed_len
+        batch = CheckpointBatch(saved, self._dropped, self._released)
         self._dropped, self._released = [], []
         return batch
