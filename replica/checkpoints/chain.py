@@ -33,21 +33,23 @@ class BrokenChainError(ValueError):
 @dataclass(slots=True, eq=False)
 class CheckpointChain:
     """One session's checkpoint: ``refs[0]`` a whole state, then deltas in order (object refs,
-    or the records themselves), with each part's bytes. ``meta`` is the latest part's."""
+    or the records themselves), with each part's bytes and sequence number in its store (a
+    folded whole takes its last part's). ``meta`` is the latest part's."""
 
     meta: SessionMeta
     refs: list[Any]
     sizes: list[int]
+    seqs: list[int]
     folding: asyncio.Lock = field(default_factory=asyncio.Lock)  # one fold at a time
 
     @classmethod
-    def start(cls, meta: SessionMeta, nbytes: int, ref: Any) -> CheckpointChain:
+    def start(cls, meta: SessionMeta, nbytes: int, ref: Any, seq: int) -> CheckpointChain:
         if meta.kv_from:
             raise BrokenChainError(
                 f"session {meta.session_id}: a delta from KV position {meta.kv_from} without "
                 "the whole state it extends"
             )
-        return cls(meta, [ref], [nbytes])
+        return cls(meta, [ref], [nbytes], [seq])
 
     @property
     def nbytes(self) -> int:
@@ -62,7 +64,7 @@ class CheckpointChain:
     def deltas(self) -> int:
         return len(self.refs) - 1
 
-    def extend(self, meta: SessionMeta, nbytes: int, ref: Any) -> None:
+    def extend(self, meta: SessionMeta, nbytes: int, ref: Any, seq: int) -> None:
         if meta.kv_from != self.meta.committed_len:
             raise BrokenChainError(
                 f"session {meta.session_id}: a delta from KV position {meta.kv_from} after a "
@@ -71,11 +73,13 @@ class CheckpointChain:
         self.meta = meta
         self.refs.append(ref)
         self.sizes.append(nbytes)
+        self.seqs.append(seq)
 
     def folded(self, parts: int, ref: Any, nbytes: int) -> None:
         """The first ``parts`` parts were folded into ``ref``: it replaces them."""
         self.refs[:parts] = [ref]
         self.sizes[:parts] = [nbytes]
+        self.seqs[:parts] = [self.seqs[parts - 1]]
 
 
 def fold(records: list[SessionStates]) -> SessionStates:

@@ -16,6 +16,9 @@ its count with what the replica expects, and holds a turn's last event until its
 acknowledged). A replica that stops waiting for its acknowledgements (they stalled) ends the
 stream; the serve process's ``StoreKeeper`` then has it ``follow`` again, from nothing.
 
+With a ``checkpoint_dir`` (``--checkpoint-dir``) each item is also written there
+(``CheckpointFiles``) before it is acknowledged, so a failover whose store died too reads it.
+
 When the replica dies the stream ends; ``checkpoints`` waits for that end (every item the
 replica yielded is in), folds each chain into one whole state and answers their refs for the
 router's failover, which imports them on live replicas straight from the object store and then
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import ray
@@ -33,6 +37,7 @@ import ray
 from replica.actor_client import ReplicaClient
 from replica.api import SessionMeta, SessionStates
 from replica.checkpoints.chain import MAX_DELTAS, BrokenChainError, CheckpointChain, fold
+from replica.checkpoints.files import CheckpointFiles
 from replica.checkpoints.outbox import CheckpointDrop
 
 log = logging.getLogger(__name__)
@@ -41,8 +46,10 @@ ACK_WAIT_S = 10.0  # how long a new stream waits for the last one's acknowledgem
 
 
 class CheckpointStore:
-    def __init__(self, replica_id: str) -> None:
+    def __init__(self, replica_id: str, checkpoint_dir: str = "") -> None:
         self.replica_id = replica_id
+        self.files = CheckpointFiles(checkpoint_dir, replica_id) if checkpoint_dir else None
+        self._seq = 0  # the last part's sequence number: increasing across streams
         self.saved: dict[str, CheckpointChain] = {}
         self.folds = 0  # chains folded into one whole state
         self._folding: set[asyncio.Task] = set()
@@ -76,12 +83,15 @@ class CheckpointStore:
         try:
             async for ref in ReplicaClient(replica).checkpoint_stream(store=me):
                 item = await ref
-                self.items += 1
+                self._seq = seq = max(self._seq + 1, time.time_ns())
+                if self.files is not None:  # on the volume before it is acknowledged
+                    await asyncio.to_thread(self._write, item, seq)
                 if isinstance(item, CheckpointDrop):
                     for session_id in item.session_ids:
                         self.saved.pop(session_id, None)
                 else:
-                    self._keep(item, ray.put(item) if copy_here else ref)
+                    self._keep(item, ray.put(item) if copy_here else ref, seq)
+                self.items += 1  # only now: an acknowledgement counts what ``saved`` holds
                 del item
                 self._ack(replica)
         except Exception as exc:  # noqa: BLE001 - the replica died: keep what we have
@@ -89,15 +99,24 @@ class CheckpointStore:
         finally:
             self._ended.set()
 
-    def _keep(self, record: SessionStates, ref: Any) -> None:
+    def _write(self, item: SessionStates | CheckpointDrop, seq: int) -> None:
+        try:
+            if isinstance(item, CheckpointDrop):
+                self.files.drop(item.session_ids)
+            else:
+                self.files.write(item, seq)
+        except OSError:  # the volume failed: the checkpoint is still held here
+            log.exception("writing checkpoints of %s to %s", self.replica_id, self.files.dir)
+
+    def _keep(self, record: SessionStates, ref: Any, seq: int) -> None:
         meta = record.sessions[0]
         try:
             if meta.kv_from:
                 chain = self.saved[meta.session_id]
-                chain.extend(meta, record.nbytes, ref)
+                chain.extend(meta, record.nbytes, ref, seq)
             else:
                 chain = self.saved[meta.session_id] = CheckpointChain.start(
-                    meta, record.nbytes, ref
+                    meta, record.nbytes, ref, seq
                 )
         except (KeyError, BrokenChainError) as exc:
             # never restore a state that is not the session's: hold none (the replica's
@@ -117,10 +136,12 @@ class CheckpointStore:
             if not chain.deltas or self.saved.get(session_id) is not chain:
                 return
             try:
-                parts = list(chain.refs)
+                parts, seq = list(chain.refs), chain.seqs[-1]
                 records = [await p if isinstance(p, ray.ObjectRef) else p for p in parts]
                 whole = await asyncio.to_thread(fold, records)
                 del records
+                if self.files is not None and self.saved.get(session_id) is chain:
+                    await asyncio.to_thread(self.files.write, whole, seq, True)
                 if self.saved.get(session_id) is chain:
                     chain.folded(len(parts), ray.put(whole), whole.nbytes)
                     self.folds += 1

@@ -70,6 +70,7 @@ class SessionRouter(AdminCalls, ClusterCalls):
             self.opener.wait_for_room,
             self._declare_dead,
             config.open_timeout_s,
+            config.checkpoint_dir,
         )
         self.drainer = Drainer(
             self.replicas,

@@ -132,6 +132,11 @@ class Server:
 
     async def start(self) -> None:
         cfg = self.config
+        if cfg.router.checkpoint_dir:
+            try:
+                os.makedirs(cfg.router.checkpoint_dir, exist_ok=True)
+            except OSError as exc:
+                raise RuntimeError(f"--checkpoint-dir cannot be used: {exc}") from exc
         if not ray.is_initialized():
             quiet_ray_start_up()
             ray_join.connect(
@@ -151,7 +156,12 @@ class Server:
             self.start_replicas,
             cfg.replicas,
             stores=StoreKeeper(
-                self.replicas, self.stores, self.starting, RouterClient(self.router), cfg.namespace
+                self.replicas,
+                self.stores,
+                self.starting,
+                RouterClient(self.router),
+                cfg.namespace,
+                cfg.router.checkpoint_dir,
             )
             if cfg.replica.session_checkpoints
             else None,
@@ -305,7 +315,8 @@ class Server:
             )
             if cfg.replica.session_checkpoints:  # all at once: each is a process to start
                 stores = await asyncio.gather(*(
-                    start_store(r, self.replicas[r], descs[r].node_id, cfg.namespace) for r in ids
+                    start_store(r, self.replicas[r], descs[r].node_id, cfg.namespace, 0,
+                                cfg.router.checkpoint_dir) for r in ids
                 ), return_exceptions=True)  # fmt: skip
                 self.stores.update(
                     (r, store)

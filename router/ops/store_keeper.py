@@ -39,9 +39,11 @@ class StoreKeeper:
         starting: set[str],
         router: RouterClient,
         namespace: str,
+        checkpoint_dir: str = "",
     ) -> None:
         """``replicas`` and ``stores`` are the serve process's own maps (id -> handle), shared;
-        ``stores`` is updated here."""
+        ``stores`` is updated here; a new store writes to ``checkpoint_dir`` too, if set."""
+        self.checkpoint_dir = checkpoint_dir
         self.replicas = replicas
         self.stores = stores
         self.starting = starting
@@ -92,7 +94,9 @@ class StoreKeeper:
         replica = self.replicas[replica_id]
         desc = await ReplicaClient(replica).describe()
         self.generations[replica_id] = generation = self.generations.get(replica_id, 0) + 1
-        store = await start_store(replica_id, replica, desc.node_id, self.namespace, generation)
+        store = await start_store(
+            replica_id, replica, desc.node_id, self.namespace, generation, self.checkpoint_dir
+        )
         taken = await self.router.replace_checkpoint_store(replica_id=replica_id, store=store)
         if taken is not True:
             ray.kill(store, no_restart=True)  # the replica died meanwhile: its failover is done
