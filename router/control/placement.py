@@ -70,6 +70,17 @@ class Room:
         """True when one more session fits on every GPU pool, or in the host tier."""
         return (self.mamba_ok and self.req_ok and self.kv_ok) or self.host_ok
 
+    @property
+    def new_sessions(self) -> int:
+        """How many new sessions it can still take: those that fit every GPU pool, plus its free
+        host slots (each takes a parked session)."""
+        gpu = min(
+            self.free_mamba // max(1, self.mamba_needed),
+            self.free_req,
+            self.free_kv_tokens // max(1, self.kv_tokens_needed),
+        )
+        return max(0, gpu) + self.free_host
+
     def rank_key(self) -> tuple[int, int, int, str]:
         """Smaller is better: most free mamba, most free host slots, fewest pinned sessions,
         then replica_id."""
@@ -101,17 +112,9 @@ def room_of(view: ReplicaView, reserved: Mapping[str, int] | None = None) -> Roo
 
 
 def session_room(view: ReplicaView) -> int:
-    """How many new sessions a replica can still take: those that fit every GPU pool, plus its
-    free host slots (each takes a parked session); 0 when it is not healthy or has no snapshot."""
+    """``Room.new_sessions`` of a healthy replica; 0 when it is not healthy or has no snapshot."""
     room = room_of(view) if is_healthy(view) else None
-    if room is None:
-        return 0
-    gpu = min(
-        room.free_mamba // max(1, room.mamba_needed),
-        room.free_req,
-        room.free_kv_tokens // max(1, room.kv_tokens_needed),
-    )
-    return max(0, gpu) + room.free_host
+    return 0 if room is None else room.new_sessions
 
 
 def candidates(
