@@ -32,19 +32,19 @@ from replica.api import ActorError
 from replica.router_reports import RouterReports
 from router.config import ServeConfig
 from router.control.api import ROUTER_NAME
+from router.control.autoscaler import Autoscaler
+from router.control.checkpoint_stores import start_store
 from router.control.client import RouterClient
 from router.control.response_store import RESPONSES_NAME, ResponseStore
 from router.control.router import SessionRouter
+from router.control.scaling_metrics import ScalingMetrics
+from router.control.store_keeper import StoreKeeper
+from router.control.supervisor import ReplicaSupervisor
 from router.gateway.gateway import Gateway
 from router.ops import ray_join
-from router.ops.autoscaler import Autoscaler
-from router.ops.checkpoint_stores import start_store
 from router.ops.gateway_server import GatewayServer
 from router.ops.reattach import known_replicas
-from router.ops.scaling_metrics import ScalingMetrics
 from router.ops.scheduling import replica_resources, wait_until_up
-from router.ops.store_keeper import StoreKeeper
-from router.ops.supervisor import ReplicaSupervisor
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 Each round of the ``ReplicaSupervisor`` it probes the store of every live replica (not starting,
 not declared dead); a store that is known dead (Ray's actor-died error: its process was killed
 or its node died) is replaced at once by a new one that follows the replica
-(``router.ops.checkpoint_stores.start_store``), and the router is told (a failover reads the
+(``router.control.checkpoint_stores.start_store``), and the router is told (a failover reads the
 new store). The replica then checkpoints every session it holds again at once; until those
 checkpoints land its sessions count as ``unprotected``. A store that is only slow is left alone;
 once the replica's own stall bound ended its stream, the store follows it again, from nothing.
@@ -22,8 +22,8 @@ import ray
 
 from replica.actor_client import ReplicaClient
 from replica.checkpoints.store_client import CheckpointStoreClient
+from router.control.checkpoint_stores import start_store
 from router.control.client import RouterClient
-from router.ops.checkpoint_stores import start_store
 
 log = logging.getLogger(__name__)
 
