@@ -264,7 +264,7 @@ def test_parking_settings_and_park_after_idle():
         for sid in "ab":
             engine.open_session(sid)
             run_engine_turn(engine, sid, [1, 2, 3], greedy(2))
-        assert engine.park_idle() == parked
+        assert engine.session_ops.park_idle() == parked
         assert len(engine.sessions.parked) == parked
         assert [engine.session_info(s).parked for s in "ab"] == [bool(parked)] * 2
         close_and_check(engine)

@@ -2,8 +2,9 @@
 
 Whenever a session's state changes (it opens, a turn ends, a queued input is folded into its
 pending tokens, it arrives by migration) it is noted *changed*; after the engine step in which
-that happened, ``take`` exports every changed idle session's whole state (``StateTransfer``, one
-``SessionStates`` record per session, so each is stored and freed on its own) and hands the
+that happened, ``take`` exports every changed idle session's whole state (with the exporter it is
+given, ``StateTransfer.export``: one ``SessionStates`` record per session, so each is stored and
+freed on its own) and hands the
 records, with the sessions released since, to the replica's ``CheckpointOutbox``. This is the
 only part of checkpointing on the engine thread: one copy of the changed sessions' state, right
 after the step; writing them out happens on the actor's event loop, off the token path.
@@ -19,7 +20,7 @@ Used on the engine thread only.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -27,7 +28,6 @@ from replica.api import SessionStates
 
 if TYPE_CHECKING:  # the store reads this package and never needs torch
     from replica.sessions.slot import SessionSlot
-    from replica.sessions.transfer import StateTransfer
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,8 +45,8 @@ class CheckpointBatch:
 
 
 class CheckpointLog:
-    def __init__(self, transfer: StateTransfer, leak_on_release: bool = False) -> None:
-        self.transfer = transfer
+    def __init__(self, leak_on_release: bool = False) -> None:
+        """Built before the session table, which reports every change and release to it."""
         self.leak_on_release = leak_on_release
         self.enabled = False  # a store follows the replica (set from the actor's event loop)
         self._changed: dict[str, SessionSlot] = {}
@@ -80,9 +80,9 @@ class CheckpointLog:
         self._sent.clear()
         self.changed(slots)
 
-    def take(self) -> CheckpointBatch:
-        """Export every changed idle session (one record each) and the releases since the last
-        ``take``; a session whose turn runs again waits for that turn's end."""
+    def take(self, export: Callable[[list[SessionSlot]], SessionStates]) -> CheckpointBatch:
+        """Export every changed idle session (``export``, one record each) and the releases
+        since the last ``take``; a session whose turn runs again waits for that turn's end."""
         if not self.enabled:
             self._changed.clear()
         ready = [s for s in self._changed.values() if s.turn is None]
@@ -90,8 +90,6 @@ class CheckpointLog:
             del self._changed[slot.session_id]
             self._checkpointed.add(slot.session_id)
             self._sent.add(slot.session_id)
-        batch = CheckpointBatch(
-            [self.transfer.export([slot]) for slot in ready], self._dropped, self._released
-        )
+        batch = CheckpointBatch([export([slot]) for slot in ready], self._dropped, self._released)
         self._dropped, self._released = [], []
         return batch

@@ -27,7 +27,7 @@ from typing import Any
 
 import ray
 
-from replica.actor_client import ReplicaClient
+from replica.actor.client import ReplicaClient
 from replica.api import SessionMeta, SessionStates
 from replica.checkpoints.outbox import CheckpointDrop
 

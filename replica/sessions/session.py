@@ -60,7 +60,11 @@ class StreamingSession:
         clock: Callable[[], float] = time.monotonic,
         failpoints: frozenset[str] = frozenset(),
         parker: Parker | None = None,
+        on_changed: Callable[[list[SessionSlot]], None] | None = None,
+        on_released: Callable[[str], None] | None = None,
     ) -> None:
+        """``on_changed`` is told of every change of a session's state, ``on_released`` of
+        every release (the checkpoint log's)."""
         self.pool = pool
         self.kv = pool.kv_pool
         self.cache = StateCache(pool, pool.config.cached_states)
@@ -77,9 +81,8 @@ class StreamingSession:
         self.sessions: dict[str, SessionSlot] = {}
         self.opened_total = 0
         self.released_total: Counter[str] = Counter()
-        # told of every change of a session's state and every release (checkpoints)
-        self.on_changed: Callable[[list[SessionSlot]], None] = lambda slots: None
-        self.on_released: Callable[[str], None] = lambda session_id: None
+        self.on_changed = on_changed or (lambda slots: None)
+        self.on_released = on_released or (lambda session_id: None)
 
     def __len__(self) -> int:
         return len(self.sessions)

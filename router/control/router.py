@@ -21,7 +21,7 @@ import logging
 import secrets
 from typing import Any
 
-from replica.actor_client import ReplicaClient
+from replica.actor.client import ReplicaClient
 from replica.api import (
     ActorError,
     PoolSnapshot,
