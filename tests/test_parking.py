@@ -14,7 +14,7 @@ from replica.accounting import LeakError
 from replica.api import PoolExhaustedError, ReleaseReason
 from replica.config import PoolConfig
 from replica.sessions.request import Req
-from replica.sessions.session import StateLocation
+from replica.sessions.table import StateLocation
 from tests.support.engine import close_and_check, greedy, make_engine
 from tests.support.engine import run_turn as run_engine_turn
 from tests.support.pools import (

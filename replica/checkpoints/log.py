@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from replica.api import SessionStates
 
 if TYPE_CHECKING:  # the store reads this package and never needs torch
-    from replica.sessions.slot import SessionSlot
+    from replica.sessions.record import SessionRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,13 +49,13 @@ class CheckpointLog:
         """Built before the session table, which reports every change and release to it."""
         self.leak_on_release = leak_on_release
         self.enabled = False  # a store follows the replica (set from the actor's event loop)
-        self._changed: dict[str, SessionSlot] = {}
+        self._changed: dict[str, SessionRecord] = {}
         self._checkpointed: set[str] = set()  # sessions with a checkpoint written or on its way
         self._sent: set[str] = set()  # those taken since the store that follows now connected
         self._dropped: list[str] = []
         self._released: list[str] = []
 
-    def changed(self, slots: Iterable[SessionSlot]) -> None:
+    def changed(self, slots: Iterable[SessionRecord]) -> None:
         for slot in slots:
             self._changed[slot.session_id] = slot
 
@@ -74,13 +74,13 @@ class CheckpointLog:
         slot = self._changed.get(session_id)
         return session_id in self._sent or (slot is not None and slot.turn is None)
 
-    def renew(self, slots: Iterable[SessionSlot]) -> None:
+    def renew(self, slots: Iterable[SessionRecord]) -> None:
         """A new store follows, which holds none of ``slots`` (every open session): each is
         checkpointed again (an idle one after this step, one in a turn at its end)."""
         self._sent.clear()
         self.changed(slots)
 
-    def take(self, export: Callable[[list[SessionSlot]], SessionStates]) -> CheckpointBatch:
+    def take(self, export: Callable[[list[SessionRecord]], SessionStates]) -> CheckpointBatch:
         """Export every changed idle session (``export``, one record each) and the releases
         since the last ``take``; a session whose turn runs again waits for that turn's end."""
         if not self.enabled:

@@ -17,13 +17,11 @@ from replica.api import CHECKPOINT_POOL, CheckpointStats, PoolStats
 if TYPE_CHECKING:
     from replica.checkpoints.log import CheckpointLog
     from replica.checkpoints.outbox import CheckpointOutbox
-    from replica.sessions.session import StreamingSession
+    from replica.sessions.table import SessionTable
 
 
 class CheckpointAccounting:
-    def __init__(
-        self, capacity: int, log: CheckpointLog | None, sessions: StreamingSession
-    ) -> None:
+    def __init__(self, capacity: int, log: CheckpointLog | None, sessions: SessionTable) -> None:
         """``log`` None: checkpoints are off."""
         self.capacity = capacity
         self.log = log

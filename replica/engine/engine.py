@@ -43,8 +43,8 @@ from replica.pools.hybrid_pool import HybridReqToTokenPool
 from replica.pools.state_copy import StateCopier
 from replica.sessions.parking import Parker
 from replica.sessions.request import Req
-from replica.sessions.session import StreamingSession
 from replica.sessions.stream_leases import StreamLeases
+from replica.sessions.table import SessionTable
 from replica.sessions.transfer import StateTransfer
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class Engine:
         if config.session_checkpoints:
             self.checkpoints = CheckpointLog("leak_checkpoint_on_release" in config.failpoints)
         log = self.checkpoints
-        self.sessions = StreamingSession(
+        self.sessions = SessionTable(
             self.pool,
             config.session_idle_timeout_s,
             clock=clock,

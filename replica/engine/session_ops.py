@@ -22,7 +22,7 @@ from replica.api import (
 )
 from replica.checkpoints.log import CheckpointBatch, CheckpointLog
 from replica.config import ReplicaConfig
-from replica.sessions.session import SessionSlot, StreamingSession
+from replica.sessions.table import SessionRecord, SessionTable
 
 if TYPE_CHECKING:
     from replica.engine.scheduler import Scheduler
@@ -36,7 +36,7 @@ class SessionOps:
         config: ReplicaConfig,
         vocab_size: int,
         replica_id: str,
-        sessions: StreamingSession,
+        sessions: SessionTable,
         scheduler: Scheduler,
         leases: StreamLeases,
         checkpoints: CheckpointLog | None,
@@ -109,7 +109,7 @@ class SessionOps:
         self.cancel(session_id, "session closed")
         return self.sessions.release_session(session_id, reason)
 
-    def info(self, slot: SessionSlot) -> SessionInfo:
+    def info(self, slot: SessionRecord) -> SessionInfo:
         return SessionInfo(
             slot.session_id,
             slot.committed_tokens,
@@ -164,7 +164,7 @@ class SessionOps:
         for session_id in list(self.sessions.sessions):
             self.close_session(session_id, reason, force=True)
 
-    def checkpoint_changed(self, slots: Iterable[SessionSlot]) -> None:
+    def checkpoint_changed(self, slots: Iterable[SessionRecord]) -> None:
         """Sessions whose state changed: checkpointed after this step (when checkpoints are
         on)."""
         if self.checkpoints is not None:

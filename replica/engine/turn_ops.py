@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from replica.checkpoints.log import CheckpointLog
     from replica.engine.scheduler import Scheduler
     from replica.engine.turn_outputs import TurnOutputs
-    from replica.sessions.session import StreamingSession
+    from replica.sessions.table import SessionTable
 
 
 class TurnOps:
@@ -35,7 +35,7 @@ class TurnOps:
         config: ReplicaConfig,
         generation: GenerationDefaults,
         vocab_size: int,
-        sessions: StreamingSession,
+        sessions: SessionTable,
         scheduler: Scheduler,
         turns: TurnOutputs,
         checkpoints: CheckpointLog | None,

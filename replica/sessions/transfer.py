@@ -37,12 +37,12 @@ from replica.pools.hybrid_pool import HybridReqToTokenPool, SeqSlots
 from replica.pools.state_copy import Places, StateCopier, StateTensors
 
 if TYPE_CHECKING:
-    from replica.sessions.session import SessionSlot, StreamingSession
+    from replica.sessions.table import SessionRecord, SessionTable
 
 
 class StateTransfer:
     def __init__(
-        self, sessions: StreamingSession, copier: StateCopier, model: str, pools: PoolConfig
+        self, sessions: SessionTable, copier: StateCopier, model: str, pools: PoolConfig
     ) -> None:
         self.sessions = sessions
         self.pool: HybridReqToTokenPool = sessions.pool
@@ -58,7 +58,7 @@ class StateTransfer:
     # ----- export -------------------------------------------------------------------------------
 
     def export(
-        self, slots: Sequence[SessionSlot], leases: Mapping[str, float] | None = None
+        self, slots: Sequence[SessionRecord], leases: Mapping[str, float] | None = None
     ) -> SessionStates:
         """The state of idle sessions ``slots`` (resident ones first, then parked ones), with
         what is left of their stream leases (``leases``: session id -> seconds)."""
@@ -91,7 +91,7 @@ class StateTransfer:
 
     # ----- import -------------------------------------------------------------------------------
 
-    def import_(self, record: SessionStates) -> tuple[list[SessionSlot], dict[str, ReplicaError]]:
+    def import_(self, record: SessionStates) -> tuple[list[SessionRecord], dict[str, ReplicaError]]:
         """Open the sessions of ``record`` here with their state; returns the records of those
         that landed and, for the others, why not."""
         src = self._tensors_of(record)
@@ -169,7 +169,7 @@ class StateTransfer:
 
     # ----- places -------------------------------------------------------------------------------
 
-    def _gpu_places(self, slots: Sequence[SessionSlot]) -> Places:
+    def _gpu_places(self, slots: Sequence[SessionRecord]) -> Places:
         table = self.pool.req_to_token
         rows = [table[s.seq.req_pool_idx, : s.committed_len] for s in slots]
         return Places(
