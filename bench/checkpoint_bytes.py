@@ -67,14 +67,14 @@ def turn_bytes(engine: Engine, history: int, seed: int) -> dict[str, float]:
     vocab = engine.model_config.vocab_size
     engine.open_session(sid)
     run(engine, sid, [(seed + 7 * i) % (vocab - 1) + 1 for i in range(history - 1)], 1)
-    engine.take_checkpoints()  # the history's checkpoint: a whole state
+    engine.session_ops.take_checkpoints()  # the history's checkpoint: a whole state
     run(engine, sid, [(seed + 3 * i) % (vocab - 1) + 1 for i in range(TURN_IN)], TURN_OUT)
     started = time.perf_counter()
-    (delta,) = engine.take_checkpoints().saved
+    (delta,) = engine.session_ops.take_checkpoints().saved
     took = time.perf_counter() - started
     whole = engine.transfer.export([engine.sessions.get(sid)])
     engine.close_session(sid)
-    engine.take_checkpoints()
+    engine.session_ops.take_checkpoints()
     return {"delta": delta.nbytes, "whole": whole.nbytes, "take_s": took}
 
 

@@ -277,7 +277,7 @@ class OpenedBatch:
     snapshot: PoolSnapshot
 
 
-# The batched calls of a gateway carry plain tuples (``replica.batch_calls``):
+# The batched calls of a gateway carry plain tuples (``replica.actor.batch_calls``):
 # (session_id, idle_timeout_s, gateway_id, tenant, lease_s[, prefix]); prefix: None, the text or
 # the token ids the session starts holding (``SessionOps.open_session``)
 OpenArgs = tuple

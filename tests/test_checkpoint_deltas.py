@@ -42,7 +42,7 @@ def arrays(record: SessionStates) -> tuple:
 
 def checkpoint(engine, session_id: str) -> SessionStates:
     (record,) = [
-        r for r in engine.take_checkpoints().saved if r.sessions[0].session_id == session_id
+        r for r in engine.session_ops.take_checkpoints().saved if r.sessions[0].session_id == session_id
     ]
     return record
 
@@ -55,7 +55,7 @@ def test_deltas_fold_into_the_whole_state_and_restore_exactly(peer, page_size):
     unmoved = make_checkpoint_engine(path, pools(page_size))
     for engine in (source, unmoved):
         engine.open_session("s")
-    assert source.take_checkpoints().saved == []  # opened empty: nothing to lose yet
+    assert source.session_ops.take_checkpoints().saved == []  # opened empty: nothing to lose yet
     chain = []
     for turn in range(10):
         ids = token_ids(7 + 3 * turn, turn)

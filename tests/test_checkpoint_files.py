@@ -39,7 +39,7 @@ def chains():
     for turn in range(4):
         for k, sid in enumerate(parts):
             run_turn(engine, sid, token_ids(5 + turn, 10 * k + turn), greedy(3))
-        for record in engine.take_checkpoints().saved:
+        for record in engine.session_ops.take_checkpoints().saved:
             parts[record.sessions[0].session_id].append(record)
     wholes = {sid: engine.transfer.export([engine.sessions.get(sid)]) for sid in parts}
     close_and_check(engine)

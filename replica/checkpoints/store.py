@@ -34,7 +34,7 @@ from typing import Any
 
 import ray
 
-from replica.actor_client import ReplicaClient
+from replica.actor.client import ReplicaClient
 from replica.api import SessionMeta, SessionStates
 from replica.checkpoints.chain import MAX_DELTAS, BrokenChainError, CheckpointChain, fold
 from replica.checkpoints.files import CheckpointFiles

@@ -37,12 +37,12 @@ from replica.pools.hybrid_pool import HybridReqToTokenPool, SeqSlots
 from replica.pools.state_copy import Places, StateCopier, StateTensors
 
 if TYPE_CHECKING:
-    from replica.sessions.session import SessionSlot, StreamingSession
+    from replica.sessions.table import SessionRecord, SessionTable
 
 
 class StateTransfer:
     def __init__(
-        self, sessions: StreamingSession, copier: StateCopier, model: str, pools: PoolConfig
+        self, sessions: SessionTable, copier: StateCopier, model: str, pools: PoolConfig
     ) -> None:
         self.sessions = sessions
         self.pool: HybridReqToTokenPool = sessions.pool
@@ -59,7 +59,7 @@ class StateTransfer:
 
     def export(
         self,
-        slots: Sequence[SessionSlot],
+        slots: Sequence[SessionRecord],
         leases: Mapping[str, float] | None = None,
         kv_from: Mapping[str, int] | None = None,
     ) -> SessionStates:
@@ -100,7 +100,7 @@ class StateTransfer:
 
     # ----- import -------------------------------------------------------------------------------
 
-    def import_(self, record: SessionStates) -> tuple[list[SessionSlot], dict[str, ReplicaError]]:
+    def import_(self, record: SessionStates) -> tuple[list[SessionRecord], dict[str, ReplicaError]]:
         """Open the sessions of ``record`` here with their state; returns the records of those
         that landed and, for the others, why not."""
         src = self._tensors_of(record)
@@ -184,7 +184,7 @@ class StateTransfer:
 
     # ----- places -------------------------------------------------------------------------------
 
-    def _gpu_places(self, slots: Sequence[SessionSlot], starts: Sequence[int]) -> Places:
+    def _gpu_places(self, slots: Sequence[SessionRecord], starts: Sequence[int]) -> Places:
         table = self.pool.req_to_token
         rows = [table[s.seq.req_pool_idx, a : s.committed_len] for s, a in zip(slots, starts)]
         return Places(

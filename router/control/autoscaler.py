@@ -36,7 +36,7 @@ from typing import Any
 
 import ray
 
-from replica.actor_client import ReplicaClient
+from replica.actor.client import ReplicaClient
 from replica.api import ActorError
 from router.config import ScalingConfig
 from router.control.api import Drained, ReplicaView

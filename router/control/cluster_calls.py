@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from replica.actor_client import ReplicaClient
+from replica.actor.client import ReplicaClient
 from replica.api import (
     ActorError,
     PoolSnapshot,

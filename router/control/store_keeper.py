@@ -20,7 +20,7 @@ from typing import Any
 
 import ray
 
-from replica.actor_client import ReplicaClient
+from replica.actor.client import ReplicaClient
 from replica.checkpoints.store_client import CheckpointStoreClient
 from router.control.checkpoint_stores import start_store
 from router.control.client import RouterClient

@@ -20,7 +20,7 @@ from typing import Any
 
 import ray
 
-from replica.actor_client import ReplicaClient
+from replica.actor.client import ReplicaClient
 from replica.api import ActorError
 from router.control.api import ReplicaHealth, ReplicaView
 from router.control.periodic import Periodic

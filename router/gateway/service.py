@@ -4,7 +4,7 @@ messages follow docs/api.md; every refusal says what to do.
 
 A Generate turn is one actor call to submit; its chunks arrive through the replica's output
 stream (``router.gateway.delivery``). If the client cancels or its deadline passes before the last
-chunk, the turn is cancelled on the replica, which rolls the session back to its checkpoint.
+chunk, the turn is cancelled on the replica, which rolls the session back to its turn snapshot.
 """
 
 from __future__ import annotations

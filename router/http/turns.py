@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from protos import session_router_pb2 as pb
-from replica.actor_client import ReplicaClient
+from replica.actor.client import ReplicaClient
 from replica.api import (
     ActorError,
     ChatPrompt,

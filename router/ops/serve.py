@@ -27,9 +27,9 @@ import os
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from replica.actor_client import ReplicaClient
+from replica.actor.client import ReplicaClient
+from replica.actor.router_reports import RouterReports
 from replica.api import ActorError
-from replica.router_reports import RouterReports
 from router.config import ServeConfig
 from router.control.api import ROUTER_NAME
 from router.control.autoscaler import Autoscaler
