@@ -42,7 +42,12 @@ NAMES = (
     "park_host_alloc_fails",
     "replica_call_raises",
     "no_checkpoint_at_open",
+    "import_fails",
+    "import_crashes",
+    "finish_export_fails",
+    "finish_export_crashes",
 )
+COUNTED = ("import_fails", "import_crashes", "finish_export_fails", "finish_export_crashes")
 CALLS_THAT_RAISE = ("submit_turns", "open_sessions")  # what replica_call_raises arms, once each
 
 
@@ -84,11 +89,43 @@ class InjectedCallError(RuntimeError):
 
 
 class CallFaults:
-    """The calls still armed to raise once (``replica_call_raises``); empty when it is off.
+    """The calls still armed to raise once (``replica_call_raises``), and the counted faults of
+    ``COUNTED`` still to fire (each once, on its N-th occurrence); empty when none is set.
     Owned by one replica actor, used on its event loop only."""
 
     def __init__(self, names: frozenset[str]) -> None:
         self._armed = set(CALLS_THAT_RAISE) if "replica_call_raises" in names else set()
+        # fault name -> how many more of its occurrences pass before it fires
+        self._countdown = {
+            name: n - 1 for name in COUNTED if (n := occurrence(names, name)) is not None
+        }
+
+    def arm(self, name: str, n: int = 1) -> None:
+        """Make the counted fault ``name`` fire on its ``n``-th occurrence from now, once."""
+        if name not in COUNTED or n < 1:
+            raise ValueError(f"{name}:{n} is not a counted failpoint; those are {COUNTED}")
+        self._countdown[name] = n - 1
+
+    def fires(self, name: str) -> bool:
+        """One occurrence of the counted fault ``name``: whether it fires now (disarming it)."""
+        left = self._countdown.get(name)
+        if left is None:
+            return False
+        if left > 0:
+            self._countdown[name] = left - 1
+            return False
+        del self._countdown[name]
+        return True
+
+    def raise_if(self, name: str, call: str) -> None:
+        """Raise ``InjectedCallError`` in ``call`` if the counted fault ``name`` fires now."""
+        if self.fires(name):
+            raise InjectedCallError(f"failpoint {name}: {call} raised")
+
+    def crash_if(self, name: str) -> None:
+        """End this process at once, as a SIGKILL would, if the counted fault ``name`` fires."""
+        if self.fires(name):
+            os._exit(1)
 
     def trip(self, call: str) -> None:
         """Raise ``InjectedCallError`` if ``call`` is still armed (disarming it)."""
