@@ -43,12 +43,19 @@ class Cluster:
     def healthy(self) -> set[str]:
         return {v.replica_id for v in self.views() if v.health == ReplicaHealth.HEALTHY}
 
+    def fenced(self, replica_id: str) -> bool:
+        """The router lists ``replica_id`` DEAD, or no longer at all (it forgot it)."""
+        views = self.views()
+        health = {v.replica_id: v.health for v in views}
+        return bool(views) and health.get(replica_id, ReplicaHealth.DEAD) == ReplicaHealth.DEAD
+
 
 def pid_of(handle) -> int:
     return ray.get(handle.__ray_call__.remote(lambda _actor: os.getpid()), timeout=30)
 
 
 KINDS = ("replica", "router", "store", "stop", "migration", "drain")
+STOPPED_MAX_S = 60.0  # a SIGSTOPped replica is continued once fenced, or after this at most
 
 
 def held_by(cluster: Cluster) -> tuple[dict[str, set[str]], dict[str, int]]:
@@ -124,7 +131,13 @@ async def inject(cluster: Cluster, kind: str, rng: random.Random, grpc_admin) ->
     elif kind == "stop":
         pid = await asyncio.to_thread(pid_of, handle)
         os.kill(pid, signal.SIGSTOP)
-        await asyncio.sleep(server.config.router.stale_after_s * 2)  # long enough to be fenced
+        # stopped until fenced: a replica continued before the router saw it stale is healthy
+        # again, and the cluster would wait for its replacement forever
+        deadline = time.monotonic() + STOPPED_MAX_S
+        while not await asyncio.to_thread(cluster.fenced, victim):
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.2)
         try:
             os.kill(pid, signal.SIGCONT)
         except ProcessLookupError:
