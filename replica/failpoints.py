@@ -24,6 +24,19 @@ exists to catch:
 - ``no_checkpoint_at_open``: a session opened empty is not checkpointed until its first turn
   ends, as if its replica died before its first checkpoint landed; a failover then finds no
   checkpoint of it and must open it again, empty (``router.control.failover``), not lose it.
+- ``import_fails`` / ``import_crashes``: the replica's first (or N-th, ``import_fails:N``)
+  ``import_sessions`` raises an ordinary exception before it touches any state / ends the
+  replica's process once the imported sessions are open in its pools, before it answers (a
+  target that dies mid-import). A migration then fails INTERNAL or UNAVAILABLE with the blame on
+  the target, and the sessions stay on the source and go on there; a failover imports them on
+  another replica (``router.control.migration``, ``router.control.failover``).
+- ``finish_export_fails`` / ``finish_export_crashes``: the first (or N-th) ``finish_export`` of a
+  move that landed raises before it touches any state / ends the source's process: the sessions
+  are on the target and still on the source. The router keeps exactly one copy: the target's
+  if the source is gone, else the source's (the target's is released; ``router.control.landing``).
+The counted faults ``import_*`` and ``finish_export_*`` may also be armed on a live replica, for
+tests and chaos runs, with ``CallFaults.arm`` (through the actor's ``__ray_call__``); each fires
+once.
 """
 
 from __future__ import annotations
