@@ -65,17 +65,15 @@ class ChaosConfig:
 
 
 # ``--quick`` (and tests/test_chaos.py): every kind of fault once, in about two minutes
-QUICK = dict(
-    sessions=120,
-    concurrency=12,
-    replica_kills=1,
-    router_kills=1,
-    store_kills=1,
-    replica_stops=1,
-    migration_kills=1,
-    drain_kills=1,
-    seed=3,
+FAULT_COUNTS = (
+    "replica_kills",
+    "router_kills",
+    "store_kills",
+    "replica_stops",
+    "migration_kills",
+    "drain_kills",
 )
+QUICK = dict(sessions=120, concurrency=12, seed=3, **dict.fromkeys(FAULT_COUNTS, 1))
 
 
 @dataclass
@@ -185,7 +183,17 @@ async def load(cluster: Cluster, report: ChaosReport) -> None:
     rng = random.Random(c.seed)
     admin = Admin(client, report.tally)
     injector = asyncio.create_task(
-        faults(cluster, kills, c.sessions, done, rng, report.heal_s, admin)
+        faults(
+            cluster,
+            kills,
+            c.sessions,
+            done,
+            rng,
+            report.heal_s,
+            admin,
+            c.heal_timeout_s,
+            report.problems,
+        )
     )
     stop_watching = asyncio.Event()
     watcher = asyncio.create_task(

@@ -12,6 +12,7 @@ import asyncio
 import os
 import random
 import signal
+import sys
 import threading
 import time
 
@@ -48,6 +49,11 @@ class Cluster:
         views = self.views()
         health = {v.replica_id: v.health for v in views}
         return bool(views) and health.get(replica_id, ReplicaHealth.DEAD) == ReplicaHealth.DEAD
+
+
+def progress(line: str) -> None:
+    """A line on stderr as the run goes (the report comes at the end, on stdout)."""
+    print(f"chaos: {line}", file=sys.stderr, flush=True)
 
 
 def pid_of(handle) -> int:
@@ -171,17 +177,21 @@ async def faults(
     rng: random.Random,
     heal_s: dict[str, list[float]],
     grpc_admin,
+    heal_timeout_s: float,
+    unhealed: list[str],
 ) -> None:
     """Make the faults of ``kills`` (how many of each kind) when the sessions finished
     (``done[0]`` of ``sessions``) cross random fractions of the run; after each, wait until the
     cluster is back to ``--replicas`` healthy replicas without a replica it fenced (a store's
-    death fences nothing), and record how long that took in ``heal_s[kind]``."""
+    death fences nothing), and record how long that took in ``heal_s[kind]``. A fault that has
+    not healed within ``heal_timeout_s`` ends the faults, said in ``unhealed``."""
     replicas = cluster.server.config.replicas
     plan = sorted((rng.uniform(0.1, 0.8), kind) for kind, n in kills.items() for _ in range(n))
     for fraction, kind in plan:
         while done[0] < fraction * sessions:
             await asyncio.sleep(0.05)
         started = time.monotonic()
+        progress(f"{kind} fault at {done[0]}/{sessions} sessions")
         victim = await inject(cluster, kind, rng, grpc_admin)
         if victim is None:
             continue
@@ -191,6 +201,12 @@ async def faults(
             live = cluster.healthy()
             return len(live) >= replicas and fenced not in live
 
+        progress(f"{kind} fault made on {victim} in {time.monotonic() - started:.1f} s")
         while not await asyncio.to_thread(healed):
+            if time.monotonic() - started > heal_timeout_s:
+                unhealed.append(f"{kind} on {victim}: not healed in {heal_timeout_s:.0f} s")
+                progress(unhealed[-1])
+                return
             await asyncio.sleep(0.1)
         heal_s[kind].append(time.monotonic() - started)
+        progress(f"{kind} fault healed in {heal_s[kind][-1]:.1f} s")

@@ -70,9 +70,12 @@ class Drainer:
             wait = self.drain_timeout_s if timeout_s is None else timeout_s
             migrated = await self._move_all(replica_id, entry, time.monotonic() + wait)
         if entry.health == ReplicaHealth.DEAD:  # it died during the drain: it failed over
+            dead = self.view(replica_id)  # the serve process may forget it meanwhile
             outcome = await asyncio.shield(entry.failover) if entry.failover else None
             restored, lost = (len(outcome.restored), len(outcome.lost)) if outcome else (0, 0)
-            return Drained(self.view(replica_id), migrated + restored, lost)
+            if replica_id in self.replicas:
+                dead = self.view(replica_id)
+            return Drained(dead, migrated + restored, lost)
         view = self.view(replica_id)
         held = view.snapshot.open_sessions if view.snapshot else view.sessions_pinned
         return Drained(view, migrated, held)
