@@ -5,6 +5,7 @@ leaked.
 
     .venv/bin/python -m bench.chaos --sessions 2000 --replica-kills 4 --router-kills 2 \
         --store-kills 2 --replica-stops 2 --migration-kills 2 --drain-kills 1
+    .venv/bin/python -m bench.chaos --quick   # every kind of fault once, 120 sessions
 
 It starts a cluster in-process (``Server``, embedded Ray unless one is running), runs
 ``--sessions`` sessions from ``--concurrency`` asyncio clients (``bench/chaos_load.py``: client
