@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from replica.actor_client import ReplicaClient
-from replica.api import ActorError, ReleaseReason
+from replica.api import ActorError, PoolSnapshot, ReleaseReason
 from router.control.api import ReplicaHealth
 from router.control.registry import ReplicaRegistry
 
@@ -48,7 +48,7 @@ class Landing:
             source, "finish_export", lambda r: r.finish_export(session_ids=ids, moved=True)
         )
         if not isinstance(finished, ActorError):
-            self.replicas[source].take(finished)
+            self._take(source, finished)
             return ids, {}
         if self._gone(source):
             return ids, {}
@@ -77,9 +77,14 @@ class Landing:
             lambda r: r.close_sessions(session_ids=ids, reason=ReleaseReason.MIGRATED),
         )
         if not isinstance(closed, ActorError):
-            self.replicas[target].take(closed.snapshot)
+            self._take(target, closed.snapshot)
         elif not self._gone(target):
             log.error("%s kept %d sessions it was to give back: %s", target, len(ids), closed)
+
+    def _take(self, replica_id: str, snapshot: PoolSnapshot) -> None:
+        entry = self.replicas.get(replica_id)
+        if entry is not None:
+            entry.take(snapshot)
 
     def _gone(self, replica_id: str) -> bool:
         entry = self.replicas.get(replica_id)
