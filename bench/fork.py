@@ -4,7 +4,7 @@ The model has a real model's per-session state with few layers (``bench.park_mea
 ``REAL_STATE``: Bamba-9B's Mamba2 heads, 12.9 MB of live mamba state per session, float32; 8 KiB
 of KV per token and attention layer), KV pages of 16 tokens. Measured, side by side in one run:
 
-1. fork time: ``StreamingSession.fork`` of a session with a 2,053-token history (128 whole pages
+1. fork time: ``SessionTable.fork`` of a session with a 2,053-token history (128 whole pages
    shared, one partial page copied), against one ``MambaPool.copy`` of one slot into another
    (what any fork must copy at least); the two take turns, ``--rounds`` times each (median);
 2. KV bytes copied per fork (the forker's own count), against the bytes of one KV page and the
@@ -34,7 +34,7 @@ from replica.api import PoolExhaustedError
 from replica.config import PoolConfig
 from replica.model.config import ModelConfig
 from replica.pools.hybrid_pool import HybridReqToTokenPool
-from replica.sessions.session import StreamingSession
+from replica.sessions.table import SessionTable
 
 HISTORY, PAGE = 2053, 16
 BUDGET_SESSIONS, SHARED_HISTORY = 8, 2048
@@ -42,8 +42,8 @@ GOAL_TIME, GOAL_HELD = 2.0, 10.0
 GOAL_PAGES = 1.5  # a whole number of pages: below 1.5 is at most one
 
 
-def sessions_over(model: ModelConfig, pools: PoolConfig) -> StreamingSession:
-    return StreamingSession(HybridReqToTokenPool(model, pools))
+def sessions_over(model: ModelConfig, pools: PoolConfig) -> SessionTable:
+    return SessionTable(HybridReqToTokenPool(model, pools))
 
 
 def fork_costs(device: str, rounds: int, seed: int) -> dict[str, float]:

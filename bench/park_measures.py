@@ -22,7 +22,7 @@ from replica.model.config import ModelConfig
 from replica.pools.hybrid_pool import HybridReqToTokenPool
 from replica.sessions.parking import Parker
 from replica.sessions.request import Req
-from replica.sessions.session import StreamingSession
+from replica.sessions.table import SessionTable
 
 REAL_STATE = ModelConfig(
     vocab_size=512,
@@ -45,12 +45,12 @@ GPU_SESSIONS, PARKED_SESSIONS, HELD_HISTORY = 8, 88, 64
 # ----- 1. park and restore throughput ---------------------------------------------------------
 
 
-def session_layer(pools: PoolConfig) -> StreamingSession:
+def session_layer(pools: PoolConfig) -> SessionTable:
     pool = HybridReqToTokenPool(REAL_STATE, pools)
-    return StreamingSession(pool, parker=Parker.build(pool, REAL_STATE, pools))
+    return SessionTable(pool, parker=Parker.build(pool, REAL_STATE, pools))
 
 
-def with_history(sessions: StreamingSession, sid: str, length: int, seed: int) -> None:
+def with_history(sessions: SessionTable, sid: str, length: int, seed: int) -> None:
     """Open ``sid`` and give it ``length`` committed tokens of random state (no model)."""
     sessions.open(sid)
     slot = sessions.get(sid)

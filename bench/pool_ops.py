@@ -26,7 +26,7 @@ from replica.config import PoolConfig
 from replica.model.config import ModelConfig
 from replica.pools.hybrid_pool import HybridReqToTokenPool
 from replica.sessions.request import Req
-from replica.sessions.session import StreamingSession
+from replica.sessions.table import SessionTable
 
 GOAL_BATCHED_VS_SEQUENTIAL = 5.0  # a Python loop per slot would give about 1x
 BATCHES = (1, 8, 64)
@@ -51,7 +51,7 @@ def session_cycles_per_s(page_size: int, track: int, seconds: float) -> float:
         max_context=1024,
     )
     pool = HybridReqToTokenPool(ModelConfig(), pools)
-    sessions = StreamingSession(pool)
+    sessions = SessionTable(pool)
     counter = iter(range(10**9))
 
     def cycle() -> None:

@@ -26,7 +26,7 @@ from replica.api import PoolSnapshot, PoolStats, SlotStateError
 if TYPE_CHECKING:
     from replica.pools.hybrid_pool import HybridReqToTokenPool
     from replica.sessions.request import Req
-    from replica.sessions.session import StreamingSession
+    from replica.sessions.table import SessionTable
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class InvariantChecker:
 
 
 def count_pools(
-    pool: HybridReqToTokenPool, sessions: StreamingSession, running: Iterable[Req]
+    pool: HybridReqToTokenPool, sessions: SessionTable, running: Iterable[Req]
 ) -> tuple[PoolStats, ...]:
     """Count every pool by state. Each count comes from its own source: ``free`` from the
     allocators, ``in_use`` from the running requests, ``session_held`` from the idle sessions, so
@@ -90,7 +90,7 @@ def count_pools(
 
 
 def count_kv(
-    pool: HybridReqToTokenPool, sessions: StreamingSession, owning: list[Req], active: set[int]
+    pool: HybridReqToTokenPool, sessions: SessionTable, owning: list[Req], active: set[int]
 ) -> tuple[int, int, int]:
     """KV token slots ``(in_use, session_held, cached)``, each shared page once (in use before
     held before cached)."""
@@ -109,7 +109,7 @@ def count_kv(
 
 
 def check_page_refs(
-    pool: HybridReqToTokenPool, sessions: StreamingSession, running: Iterable[Req]
+    pool: HybridReqToTokenPool, sessions: SessionTable, running: Iterable[Req]
 ) -> str | None:
     """Compare every KV page's reference count with the number of rows (running requests and idle
     resident sessions) and cached states that hold it. A count below its holders means a page
@@ -146,7 +146,7 @@ def check_page_refs(
     )
 
 
-def count_host_pools(sessions: StreamingSession) -> tuple[PoolStats, ...]:
+def count_host_pools(sessions: SessionTable) -> tuple[PoolStats, ...]:
     """The host tier (none without parking): parked sessions are its only owners, so nothing is
     ever ``in_use`` there; ``session_held`` counts from the parked sessions' records."""
     residency = sessions.residency

@@ -277,7 +277,7 @@ class OpenedBatch:
     snapshot: PoolSnapshot
 
 
-# The batched calls of a gateway carry plain tuples (``replica.batch_calls``):
+# The batched calls of a gateway carry plain tuples (``replica.actor.batch_calls``):
 # (session_id, idle_timeout_s, gateway_id, tenant, lease_s[, prefix]); prefix: None, the text or
 # the token ids the session starts holding (``SessionOps.open_session``)
 OpenArgs = tuple
@@ -298,14 +298,18 @@ class Closed:
 # ----- session state that moves between replicas -----------------------------------------------
 
 
-STATE_FORMAT = 1  # the layout of ``SessionStates``; a replica imports only its own
+STATE_FORMAT = 2  # the layout of ``SessionStates``; a replica imports only its own
 
 
 @dataclass(frozen=True, slots=True)
 class SessionMeta:
     """One session's facts in a ``SessionStates`` record: its owner, its idle timeout, the
     tokens folded into its state (KV positions ``0..committed_len-1``), the tokens produced but
-    not folded yet, and what was left of a stream's hold on it (``lease_s``)."""
+    not folded yet, and what was left of a stream's hold on it (``lease_s``).
+
+    ``kv_from`` is the first KV position the record carries: 0 in a whole state; in a delta
+    checkpoint, the ``committed_len`` of the checkpoint before it, whose KV it extends (a
+    session's KV below its committed length never changes). Only a whole state is imported."""
 
     session_id: str
     tenant: str
@@ -313,6 +317,12 @@ class SessionMeta:
     committed_len: int
     pending_ids: tuple[int, ...] = ()
     lease_s: float = 0.0
+    kv_from: int = 0
+
+    @property
+    def kv_len(self) -> int:
+        """KV positions the record carries for this session."""
+        return self.committed_len - self.kv_from
 
     @property
     def committed_tokens(self) -> int:
@@ -329,7 +339,7 @@ class SessionStates:
     copy in pickle and without torch on the reader's side: ``conv``/``ssm`` ``[mamba layers,
     sessions, *state]`` (each session's live state, in ``sessions`` order) and ``k``/``v``
     ``[attention layers, tokens, kv heads, head_dim]`` (the committed positions of each session
-    in turn, ``committed_len`` of them each).
+    in turn from its ``kv_from``, ``kv_len`` of them each).
     """
 
     format: int

@@ -21,9 +21,6 @@ exists to catch:
   open (``open_sessions``) each raise an ordinary exception inside the actor, once, before
   touching any state (``CallFaults``); the replica stays alive and well, so its callers must
   fail that one call INTERNAL and keep the replica in service (``router.call_errors``).
-- ``no_checkpoint_at_open``: a session opened empty is not checkpointed until its first turn
-  ends, as if its replica died before its first checkpoint landed; a failover then finds no
-  checkpoint of it and must open it again, empty (``router.control.failover``), not lose it.
 - ``import_fails`` / ``import_crashes``: the replica's first (or N-th, ``import_fails:N``)
   ``import_sessions`` raises an ordinary exception before it touches any state / ends the
   replica's process once the imported sessions are open in its pools, before it answers (a
@@ -54,7 +51,6 @@ NAMES = (
     "park_copy_fails",
     "park_host_alloc_fails",
     "replica_call_raises",
-    "no_checkpoint_at_open",
     "import_fails",
     "import_crashes",
     "finish_export_fails",

@@ -9,6 +9,7 @@ from flag names, which is how the demo, the benchmarks and the tests make theirs
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,12 @@ class RouterConfig:
         "DrainReplica(migrate=true) and MigrateSession wait this long at most for sessions to "
         "move (a running turn ends first), then answer with how many are left",
     )
+    checkpoint_dir: str = setting(
+        "",
+        "with session checkpoints: a directory on a volume every node mounts and that outlives "
+        "pods; checkpoint stores also write there (versioned, checksummed), and a failover "
+        "whose store is gone reads it ('': memory only)",
+    )
 
     def __post_init__(self) -> None:
         if self.open_timeout_s < 0:
@@ -45,6 +52,8 @@ class RouterConfig:
             raise ValueError("--dead-replica-retention-s must be >= 0")
         if self.drain_timeout_s < 0:
             raise ValueError("--drain-timeout-s must be >= 0")
+        if self.checkpoint_dir:  # the stores' and the router's working directories differ
+            object.__setattr__(self, "checkpoint_dir", os.path.abspath(self.checkpoint_dir))
 
 
 @dataclass(frozen=True)
@@ -162,6 +171,8 @@ class ServeConfig:
             raise ValueError("--replica-gpus must be >= 0")
         if self.replica_start_timeout_s <= 0:
             raise ValueError("--replica-start-timeout-s must be positive")
+        if self.router.checkpoint_dir and not self.replica.session_checkpoints:
+            raise ValueError("--checkpoint-dir needs --session-checkpoints")
 
     @property
     def fewest_replicas(self) -> int:

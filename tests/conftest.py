@@ -2,6 +2,7 @@
 
 - ``ray_cluster``: one local Ray instance for the whole test process; end-to-end modules start
   their ``Server`` (tests/support/cluster.py) on it, each in its own namespace.
+- ``client``: a gRPC client of the module's ``server`` fixture, per test.
 - ``tenants_server``: a server per module with API keys on (``tests.support.servers.TENANTS``)
   for the modules that test tenants' rights (tests/test_e2e_status_codes.py,
   tests/test_e2e_forks.py); each of their tests leaves it clean, and one that kills a replica
@@ -32,7 +33,12 @@ from hypothesis import HealthCheck, settings  # noqa: E402
 
 from router.ops.serve import quiet_ray_start_up  # noqa: E402
 from tests.support.device import ENV, check_test_device, device_under_test  # noqa: E402
-from tests.support.servers import TENANTS, api_keys_file, serve_cluster  # noqa: E402
+from tests.support.servers import (  # noqa: E402
+    TENANTS,
+    api_keys_file,
+    grpc_client,
+    serve_cluster,
+)
 
 settings.register_profile(
     "ci",
@@ -89,3 +95,11 @@ def tenants_server(ray_cluster, tmp_path_factory):
     keys = api_keys_file(tmp_path_factory.mktemp("keys"), TENANTS)
     with serve_cluster(api_keys=keys, open_timeout_s=1.0) as srv:
         yield srv
+
+
+@pytest.fixture
+def client(server):
+    """A gRPC client of the module's ``server`` fixture, closed after the test (a module with
+    other clients defines its own)."""
+    with grpc_client(server.address) as c:
+        yield c

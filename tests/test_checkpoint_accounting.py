@@ -2,18 +2,22 @@
 it agree on every checkpoint. Each session's state changes write one, a release frees it, and
 the replica's ``checkpoints`` pool (capacity, free, session_held, leaked) says so in every
 snapshot; with the failpoint ``leak_checkpoint_on_release`` (a released session's checkpoint is
-not freed) the leak shows as ``leaked`` 1, exactly, within moments.
+not freed) the leak shows as ``leaked`` 1, exactly, within moments. A store keeps a session's
+whole state and the deltas of its turns, folds them as they pile up, and answers a failover
+with one whole state, byte for byte the session's.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import ray
 
 from replica.actor import CheckpointStore, ReplicaActor
 from replica.api import PoolSnapshot, PoolStats, SamplingParams
+from replica.checkpoints.chain import MAX_DELTAS
 from replica.config import PoolConfig, ReplicaConfig
 from tests.support.cluster import wait_for
-from tests.support.engine import make_engine
+from tests.support.engine import greedy, make_engine, run_turn, token_ids
 
 POOLS = PoolConfig(max_sessions=4, kv_tokens=1024, max_context=256, max_parked_sessions=2)
 
@@ -25,6 +29,12 @@ def replica_with_store(name: str, failpoints: frozenset[str] = frozenset()):
     store = ray.remote(CheckpointStore).options(num_cpus=0).remote(name)
     ray.get(store.follow.remote(replica, node))
     return replica, store
+
+
+def snapshot(replica) -> PoolSnapshot:
+    snap = ray.get(replica.snapshot.remote(True), timeout=30)
+    assert isinstance(snap, PoolSnapshot), snap
+    return snap
 
 
 def checkpoints_pool(replica) -> tuple[int, int, int, int]:
@@ -44,8 +54,11 @@ def test_checkpoints_are_written_freed_and_a_leaked_one_shows(ray_cluster):
         wait_for(lambda r=replica: checkpoints_pool(r) == (6, 6, 0, 0), 30, 0.05, "a store")
         for sid in ("a", "b"):
             ray.get(replica.open_session.remote(sid))
-        turn = replica.submit_turn.remote("", "a", None, [5, 6, 7], SamplingParams(4))
-        assert isinstance(ray.get(turn), int)
+        wait_for(lambda r=replica: snapshot(r).open_sessions == 2, 30, 0.05, "2 opened")
+        assert checkpoints_pool(replica) == (6, 6, 0, 0)  # opened empty: nothing to lose yet
+        for sid in ("a", "b"):
+            turn = replica.submit_turn.remote("", sid, None, [5, 6, 7], SamplingParams(4))
+            assert isinstance(ray.get(turn), int)
         wait_for(lambda r=replica: checkpoints_pool(r) == (6, 4, 2, 0), 30, 0.05, "2 written")
         assert ray.get(store.stats.remote())[0] == 2
         closed = ray.get(replica.close_sessions.remote(["a"]))
@@ -72,3 +85,43 @@ def test_the_checkpoints_pool_is_in_every_snapshot_from_the_first():
     assert engine.snapshot().pool("checkpoints") == PoolStats("checkpoints", 6, 6, 0, 0)
     unchecked = make_engine(POOLS, session_checkpoints=False)
     assert "checkpoints" not in {p.pool for p in unchecked.snapshot().pools}
+
+
+def test_a_store_folds_deltas_and_answers_a_failover_with_the_whole_state(ray_cluster):
+    replica, store = replica_with_store("ckpt-chain")
+    wait_for(lambda: checkpoints_pool(replica) == (6, 6, 0, 0), 30, 0.05, "a store")
+    unmoved = make_engine(POOLS)  # the same built-in model, the same turns, in this process
+    ray.get(replica.open_session.remote("a"))
+    unmoved.open_session("a")
+    for turn in range(MAX_DELTAS + 4):
+        ids = token_ids(6 + turn, turn)
+        written = snapshot(replica).checkpoints.written_total
+        ray.get(replica.submit_turn.remote("", "a", None, ids, greedy(4)))
+        run_turn(unmoved, "a", ids, greedy(4))
+        wait_for(
+            lambda written=written: (
+                snapshot(replica).checkpoints.written_total == written + 1
+                and checkpoints_pool(replica) == (6, 5, 1, 0)
+            ),
+            30,
+            0.05,
+            "the turn's checkpoint stored",
+        )
+    totals = snapshot(replica).checkpoints
+    held, held_bytes = ray.get(store.stats.remote())
+    assert held == 1 and held_bytes < totals.bytes_written_total  # deltas were folded
+
+    ((meta, (ref,)),) = ray.get(store.checkpoints.remote(["a"], 0.0)).values()
+    record = ray.get(ref)
+    assert meta.kv_from == 0 and record.sessions[0].committed_len == meta.committed_len
+    want = unmoved.transfer.export([unmoved.sessions.get("a")])
+    assert record.sessions == want.sessions
+    for got, expected in zip(
+        (record.conv, record.ssm, record.k, record.v), (want.conv, want.ssm, want.k, want.v)
+    ):
+        assert np.array_equal(got, expected)
+    ray.get(replica.close_sessions.remote(["a"]))
+    wait_for(lambda: checkpoints_pool(replica) == (6, 6, 0, 0), 30, 0.05, "freed")
+    assert ray.get(store.stats.remote()) == (0, 0)
+    ray.kill(replica)
+    ray.kill(store)

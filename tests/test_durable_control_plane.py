@@ -141,7 +141,8 @@ def test_a_crashed_serve_leaves_the_sessions_to_the_next(head, checkpoint, tmp_p
     # a serve that attaches, then cannot start the replica it adds (it asks for a GPU the
     # cluster lacks), exits 1 and takes only what it made: the deployment keeps its actors
     failed = spawn(tmp_path / "serve-failed.log",
-                   [*serve_args(address, model), "--replicas", "2", "--replica-gpus", "1"],
+                   [*serve_args(address, model), "--replicas", "2", "--replica-gpus", "1",
+                    "--replica-start-timeout-s", "5"],
                    env={"HOME": str(home)})  # fmt: skip
     assert failed.wait(180) == 1, tail(tmp_path / "serve-failed.log")
     assert "attached to the deployment" in tail(tmp_path / "serve-failed.log")

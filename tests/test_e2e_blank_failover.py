@@ -1,9 +1,9 @@
 """End to end: a replica dies before its new sessions' first checkpoints landed.
 
-With the failpoint ``no_checkpoint_at_open`` a session opened empty has no checkpoint until its
-first turn ends, so a replica SIGKILLed right after the opens leaves its store holding none of
-its sessions. None of them is lost: each is opened again, empty, on the other replica, with the
-same id and idle timeout (it committed nothing a client saw); a turn running at the kill ends
+A session opened empty has no checkpoint until its first turn ends (it holds nothing to lose),
+so a replica SIGKILLed right after the opens leaves its store holding none of its sessions.
+None of them is lost: each is opened again, empty, on the other replica, with the same id and
+idle timeout (it committed nothing a client saw); a turn running at the kill ends
 UNAVAILABLE ("continues at committed_tokens 0") and its retry runs; every session's turns then
 equal a fresh session's. Nothing ends ABORTED, and nothing is left held afterwards.
 
@@ -32,7 +32,7 @@ IDLE_S = 240.0
 
 @pytest.fixture(scope="module")
 def server(ray_cluster):
-    with serve_cluster(failpoints="no_checkpoint_at_open", stale_after_s=3.0) as srv:
+    with serve_cluster(stale_after_s=3.0) as srv:
         yield srv
 
 

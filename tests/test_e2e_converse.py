@@ -16,19 +16,13 @@ import pytest
 from protos import session_router_pb2 as pb
 from router.client import SessionClient, generate_request
 from tests.support.cluster import ServerThread, rpc_error, tokens, wait_for
-from tests.support.servers import grpc_client, serve_cluster
+from tests.support.servers import serve_cluster
 
 
 @pytest.fixture(scope="module")
 def server(ray_cluster):
     with serve_cluster() as srv:
         yield srv
-
-
-@pytest.fixture
-def client(server):
-    with grpc_client(server.address) as c:
-        yield c
 
 
 def released(server: ServerThread, opened: pb.Session) -> None:

@@ -3,7 +3,9 @@ session continues on the survivor exactly from its last ended turn (a fresh sess
 its turns produces the same tokens); a turn in flight ends UNAVAILABLE once, saying where the
 session continues, and its retry runs; a Converse stream goes on, its turn in flight ending
 INTERRUPTED; nothing ends ABORTED; and no checkpoint or slot is leaked anywhere afterwards. Then
-a drain with migration while another replica dies.
+a drain with migration while another replica dies. The server writes its checkpoints to files
+too (``--checkpoint-dir``): a replica killed together with its checkpoint store has its sessions
+restored from their files, exactly, and its files are removed after.
 
 The tests kill replicas, so the module has its own server.
 """
@@ -31,8 +33,13 @@ COMMITTED = re.compile(r"continues at committed_tokens (\d+)")
 
 
 @pytest.fixture(scope="module")
-def server(ray_cluster):
-    with serve_cluster(stale_after_s=3.0) as srv:
+def checkpoint_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("checkpoints")
+
+
+@pytest.fixture(scope="module")
+def server(ray_cluster, checkpoint_dir):
+    with serve_cluster(stale_after_s=3.0, checkpoint_dir=str(checkpoint_dir)) as srv:
         yield srv
 
 
@@ -40,10 +47,13 @@ def tokens(seed: int, n: int = 5) -> list[int]:
     return [(seed * 29 + i * 13) % 250 + 1 for i in range(n)]
 
 
+def pid_of(handle) -> int:
+    return ray.get(handle.__ray_call__.remote(lambda actor: os.getpid()), timeout=30)
+
+
 def sigkill(server, replica_id: str) -> None:
     """Kill the replica's worker process the hard way (no Ray shutdown path runs)."""
-    pid = ray.get(server.replicas[replica_id].__ray_call__.remote(lambda actor: os.getpid()))
-    os.kill(pid, signal.SIGKILL)
+    os.kill(pid_of(server.replicas[replica_id]), signal.SIGKILL)
 
 
 class Load:
@@ -205,6 +215,45 @@ def test_a_drain_with_migration_while_another_replica_dies(server):
         assert replay.close() and s.close()
     client.resume(drained)
     live = server.wait_healed()
+    server.wait_at_capacity(live)
+    assert_no_checkpoints_left(server, live)
+    client.close()
+
+
+def test_a_replica_killed_with_its_store_is_restored_from_files(server, checkpoint_dir):
+    server.wait_healed()
+    client = SessionClient(server.address)
+    sessions = [client.open() for _ in range(6)]
+    done: dict[str, list] = {s.id: [] for s in sessions}
+    for n, s in enumerate(sessions):
+        for turn in range(3):  # a whole state, then deltas, on disk
+            seed = 100 * n + turn
+            ids, _, at = drain_stream(s.generate(tokens=tokens(seed), max_new_tokens=6, **SEEDED))
+            done[s.id].append((seed, ids, at))
+    victim = sessions[0].replica_id
+    assert any((checkpoint_dir / victim).iterdir())
+    pids = pid_of(server.server.stores[victim]), pid_of(server.replicas[victim])
+    for pid in pids:  # as when the node that held both dies
+        os.kill(pid, signal.SIGKILL)
+
+    for n, s in enumerate(sessions):  # each continues exactly where its last turn left it
+        seed = 100 * n + 3
+        for _ in range(3):
+            try:
+                ids, _, at = drain_stream(
+                    s.generate(tokens=tokens(seed), max_new_tokens=6, **SEEDED)
+                )
+                break
+            except grpc.RpcError as exc:  # its replica died: retry the turn
+                assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc.details()
+        done[s.id].append((seed, ids, at))
+        replay = client.open()
+        for seed, want, committed in done[s.id]:
+            got = drain_stream(replay.generate(tokens=tokens(seed), max_new_tokens=6, **SEEDED))
+            assert got[0::2] == (want, committed)
+        assert replay.close() and s.close()
+    live = server.wait_healed()
+    assert victim not in live and not (checkpoint_dir / victim).exists()
     server.wait_at_capacity(live)
     assert_no_checkpoints_left(server, live)
     client.close()

@@ -33,7 +33,7 @@ import pytest
 from protos import session_router_pb2 as pb
 from router.client import SessionClient, generate_request
 from tests.support.cluster import drain_stream, rpc_error, wait_for
-from tests.support.servers import grpc_client, serve_cluster
+from tests.support.servers import serve_cluster
 
 OPEN_TIMEOUT_S = 3.0
 REPO = Path(__file__).resolve().parent.parent
@@ -50,12 +50,6 @@ def server(ray_cluster):
         keepalive_s=1.0,
     ) as srv:
         yield srv
-
-
-@pytest.fixture
-def client(server):
-    with grpc_client(server.address) as c:
-        yield c
 
 
 def test_a_temperature_too_small_to_compute_is_greedy_and_the_replica_keeps_serving(server, client):

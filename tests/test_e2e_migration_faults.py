@@ -59,7 +59,8 @@ def live(server) -> list[str]:
 def arm(server, replica_id: str, fault: str) -> None:
     """Arm the counted failpoint ``fault`` on one live replica: it fires once, next time."""
     handle = server.replicas[replica_id]
-    ray.get(handle.__ray_call__.remote(lambda actor: actor.call_faults.arm(fault)), timeout=30)
+    armed = handle.__ray_call__.remote(lambda actor: actor.moves.call_faults.arm(fault))
+    ray.get(armed, timeout=30)
 
 
 def sigkill(server, replica_id: str) -> None:

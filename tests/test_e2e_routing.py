@@ -21,7 +21,7 @@ from tests.support.cluster import (
     tokens,
     wait_for,
 )
-from tests.support.servers import grpc_client, serve_cluster
+from tests.support.servers import serve_cluster
 
 OPEN_TIMEOUT_S = 3.0
 
@@ -30,12 +30,6 @@ OPEN_TIMEOUT_S = 3.0
 def server(ray_cluster):
     with serve_cluster(open_timeout_s=OPEN_TIMEOUT_S) as srv:
         yield srv
-
-
-@pytest.fixture
-def client(server):
-    with grpc_client(server.address) as c:
-        yield c
 
 
 def test_every_turn_runs_on_the_pinned_replica(server, client):

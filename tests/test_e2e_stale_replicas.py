@@ -19,7 +19,7 @@ from replica import failpoints
 from replica.api import Opened
 from router.client import SessionClient
 from tests.support.prometheus import Prometheus
-from tests.support.servers import grpc_client, serve_cluster
+from tests.support.servers import serve_cluster
 
 STALE_AFTER_S = 2.0
 STALE_ALERT_AFTER_S = 10  # SnapshotStale's threshold in deploy/prometheus/alerts.yml
@@ -39,12 +39,6 @@ def silent_replica(server) -> str:
         env.setenv(failpoints.ENV_VAR, "drop_snapshots")
         (replica_id,) = server.call(server.server.start_replicas(1))
     return replica_id
-
-
-@pytest.fixture
-def client(server):
-    with grpc_client(server.address) as c:
-        yield c
 
 
 def healthy(client: SessionClient) -> list[str]:

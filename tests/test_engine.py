@@ -502,7 +502,7 @@ def test_close_all_during_turns():
     for _ in range(4):
         engine.step()
     assert engine.snapshot().running_requests > 0
-    engine.close_all()
+    engine.session_ops.close_all()
     assert not engine.has_work
     events = engine.take_events()
     assert len([e for e in events if e.error_code == "CANCELLED"]) == 8

@@ -89,10 +89,10 @@ def test_refused_forks_take_nothing():
     assert eng.check_invariant().pools == full
     eng.close_session("other")
     assert eng.check_invariant().pools == before
-    eng.draining = True
+    eng.session_ops.draining = True
     with pytest.raises(ReplicaDrainingError):
         eng.fork_session("p", "c")
-    eng.draining = False
+    eng.session_ops.draining = False
     assert eng.check_invariant().pools == before
     close_and_check(eng)
 

@@ -179,11 +179,11 @@ def test_a_forks_checkpoint_restores_it_on_another_engine(peer, page_size):
     a, b = token_ids(27, 19), token_ids(6, 20)
     source.open_session("p")
     o1, _, _ = run_turn(source, "p", a, greedy(5))
-    source.take_checkpoints()
+    source.session_ops.take_checkpoints()
     source.fork_session("p", "c")
-    (record,) = source.take_checkpoints().saved
+    (record,) = source.session_ops.take_checkpoints().saved
     assert [m.session_id for m in record.sessions] == ["c"]
-    source.close_all()  # the replica is gone, with every page it shared
+    source.session_ops.close_all()  # the replica is gone, with every page it shared
     target = make_checkpoint_engine(path, pools(page_size), max_prefill_chunk=24)
     target.moves.import_([record])
     assert run_turn(target, "c", b, greedy(7))[0] == hf_greedy(hf, a + o1 + b, 7)

@@ -14,7 +14,7 @@ from replica.accounting import LeakError
 from replica.api import PoolExhaustedError, ReleaseReason
 from replica.config import PoolConfig
 from replica.sessions.request import Req
-from replica.sessions.session import StateLocation
+from replica.sessions.table import StateLocation
 from tests.support.engine import close_and_check, greedy, make_engine
 from tests.support.engine import run_turn as run_engine_turn
 from tests.support.pools import (
@@ -264,7 +264,7 @@ def test_parking_settings_and_park_after_idle():
         for sid in "ab":
             engine.open_session(sid)
             run_engine_turn(engine, sid, [1, 2, 3], greedy(2))
-        assert engine.park_idle() == parked
+        assert engine.session_ops.park_idle() == parked
         assert len(engine.sessions.parked) == parked
         assert [engine.session_info(s).parked for s in "ab"] == [bool(parked)] * 2
         close_and_check(engine)

@@ -9,13 +9,8 @@ from hypothesis import strategies as st
 
 from replica.api import PoolSnapshot, PoolStats
 from router.control.api import ReplicaHealth, ReplicaView
-from router.control.placement import (
-    candidates,
-    choose_replica,
-    is_healthy,
-    room_of,
-    room_report,
-)
+from router.control.placement import candidates, choose_replica, is_healthy, room_of
+from router.control.room_report import room_report
 
 MAMBA_PER_SESSION = 2
 KV_PER_SESSION = 64

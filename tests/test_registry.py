@@ -105,3 +105,19 @@ def test_fenced_incarnations_are_bounded():
         registry.register(f"r{n}", object(), desc(f"r{n}", f"inc-{n}"))
         registry.mark_dead(f"r{n}")
     assert [registry.is_fenced(f"inc-{n}") for n in range(3)] == [False, True, True]
+
+
+def test_a_new_checkpoint_store_counts_one_epoch_more_and_a_dead_replica_takes_none():
+    """A failover opens a blank session again only when the store it reads has followed the
+    replica since the open (``BlankOpen.store_epoch``): each new store must be one epoch more."""
+    registry, first, second = ReplicaRegistry(), object(), object()
+    entry = registry.register("r1", object(), desc("r1", "inc-1"), checkpoints=first)
+    assert entry.store_epoch == 0
+    assert registry.replace_store("r1", first) and entry.store_epoch == 0  # the same store
+    assert registry.replace_store("r1", second)
+    assert (entry.checkpoints, entry.store_epoch) == (second, 1)
+    assert registry.live_stores() == {"r1": second}
+    assert registry.mark_dead("r1")
+    assert not registry.replace_store("r1", object())
+    assert (entry.checkpoints, entry.store_epoch) == (second, 1)
+    assert not registry.replace_store("unknown", object())

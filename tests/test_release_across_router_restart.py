@@ -22,8 +22,8 @@ import time
 import pytest
 import ray
 
+from replica.actor.reporting import RouterReporter
 from replica.api import PoolSnapshot, PoolStats, ReplicaDescription
-from replica.reporting import RouterReporter
 from router.config import RouterConfig
 from router.control.client import RouterClient
 from router.control.router import SessionRouter

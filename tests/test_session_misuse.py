@@ -89,7 +89,7 @@ def test_rollback_without_track_buffer_commits_what_was_folded():
     assert_all_free(pool, sessions)
 
 
-def test_rollback_with_track_buffer_restores_checkpoint_and_frees_kv_tail():
+def test_rollback_with_track_buffer_restores_turn_snapshot_and_frees_kv_tail():
     pool, sessions, _ = make_pools(page_size=16, track=1)
     sessions.open("a")
     turn1 = Req("a", [1] * 5)

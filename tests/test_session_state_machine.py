@@ -1,7 +1,7 @@
 """Property-based test of the session layer, parking included, against a model of its own
 (``tests/support/session_model.py``).
 
-The machine drives a ``StreamingSession`` over real pools and a real host tier the way the
+The machine drives a ``SessionTable`` over real pools and a real host tier the way the
 scheduler does: open (with the default or a shorter idle timeout; parking the least recently
 active idle session when the GPU is full, or born parked), start a turn (restore a parked
 session, park others to make room, also while other turns run, swap through a full host tier),

@@ -7,7 +7,6 @@ nothing taken. Strict accounting throughout; every slot back at the end."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from replica.api import ContextOverflowError, InvalidRequestError, ReleaseReason
 from replica.config import PoolConfig
@@ -19,25 +18,12 @@ from tests.support.engine import (
     run_turn,
     token_ids,
 )
-from tests.support.hf_peer import saved_peer
+from tests.support.hf_peer import hf_greedy, saved_peer
 
 
 @pytest.fixture(scope="module")
 def peer(tmp_path_factory):
     return saved_peer(tmp_path_factory, seed=12)
-
-
-def hf_greedy(hf, prompt: list[int], new: int) -> list[int]:
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        out = hf.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=new,
-            min_new_tokens=new,
-            do_sample=False,
-        )
-    return out[0, len(prompt) :].tolist()
 
 
 @pytest.mark.parametrize("page_size", [1, 16], ids=["page1", "page16"])

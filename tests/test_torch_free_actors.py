@@ -1,7 +1,8 @@
 """The actors that hold no model import no torch: the router, a replica's checkpoint store and
 the response store each start as a process of their own (several per ``serve``, again for every
 replacement), and importing torch costs seconds of CPU there. So does the CLI before it starts
-Ray, and ``replica.api``, the one module of types every process shares."""
+Ray, ``replica.api``, the one module of types every process shares, and the replica's typed
+client (``replica.actor.client``), which gateways and stores import from the actor's package."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ TORCH_FREE = [
     "replica.api",
     "router.control.router",
     "replica.checkpoints.store",
+    "replica.actor.client",
     "router.control.response_store",
     "router.ops.cli",
 ]

@@ -2,11 +2,14 @@
 
 Whenever a session's state changes (it opens, a turn ends, a queued input is folded into its
 pending tokens, it arrives by migration) it is noted *changed*; after the engine step in which
-that happened, ``take`` exports every changed idle session's whole state (``StateTransfer``, one
-``SessionStates`` record per session, so each is stored and freed on its own) and hands the
-records, with the sessions released since, to the replica's ``CheckpointOutbox``. This is the
-only part of checkpointing on the engine thread: one copy of the changed sessions' state, right
-after the step; writing them out happens on the actor's event loop, off the token path.
+that happened, ``take`` exports every changed idle session's state (with the exporter it is
+given, ``StateTransfer.export``: one ``SessionStates`` record per session, so each is stored and
+freed on its own) and hands the records, with the sessions released since, to the replica's
+``CheckpointOutbox``. A session's first record for the store that follows now is its whole
+state; each after it is a delta (``replica.checkpoints.chain``): the recurrent state and the KV
+positions since the one before. This is the only part of checkpointing on the engine thread:
+one copy of what changed, right after the step; writing it out happens on the actor's event
+loop, off the token path.
 
 Nothing is exported while no checkpoint store follows the replica (``enabled`` False): a session
 changed meanwhile gets its first checkpoint at its next change.
@@ -19,15 +22,14 @@ Used on the engine thread only.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from replica.api import SessionStates
 
 if TYPE_CHECKING:  # the store reads this package and never needs torch
-    from replica.sessions.slot import SessionSlot
-    from replica.sessions.transfer import StateTransfer
+    from replica.sessions.record import SessionRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,23 +47,24 @@ class CheckpointBatch:
 
 
 class CheckpointLog:
-    def __init__(self, transfer: StateTransfer, leak_on_release: bool = False) -> None:
-        self.transfer = transfer
+    def __init__(self, leak_on_release: bool = False) -> None:
+        """Built before the session table, which reports every change and release to it."""
         self.leak_on_release = leak_on_release
         self.enabled = False  # a store follows the replica (set from the actor's event loop)
-        self._changed: dict[str, SessionSlot] = {}
+        self._changed: dict[str, SessionRecord] = {}
         self._checkpointed: set[str] = set()  # sessions with a checkpoint written or on its way
-        self._sent: set[str] = set()  # those taken since the store that follows now connected
+        # those taken since the store that follows now connected: their committed length then
+        self._sent: dict[str, int] = {}
         self._dropped: list[str] = []
         self._released: list[str] = []
 
-    def changed(self, slots: Iterable[SessionSlot]) -> None:
+    def changed(self, slots: Iterable[SessionRecord]) -> None:
         for slot in slots:
             self._changed[slot.session_id] = slot
 
     def released(self, session_id: str) -> None:
         self._changed.pop(session_id, None)
-        self._sent.discard(session_id)
+        self._sent.pop(session_id, None)
         if session_id in self._checkpointed:
             self._checkpointed.discard(session_id)
             self._released.append(session_id)
@@ -74,24 +77,28 @@ class CheckpointLog:
         slot = self._changed.get(session_id)
         return session_id in self._sent or (slot is not None and slot.turn is None)
 
-    def renew(self, slots: Iterable[SessionSlot]) -> None:
+    def renew(self, slots: Iterable[SessionRecord]) -> None:
         """A new store follows, which holds none of ``slots`` (every open session): each is
         checkpointed again (an idle one after this step, one in a turn at its end)."""
         self._sent.clear()
         self.changed(slots)
 
-    def take(self) -> CheckpointBatch:
-        """Export every changed idle session (one record each) and the releases since the last
+    def take(self, export: Callable[..., SessionStates]) -> CheckpointBatch:
+        """Export every changed idle session (``export(records, kv_from=...)``, one record
+        each: a delta when the store has its state before) and the releases since the last
         ``take``; a session whose turn runs again waits for that turn's end."""
         if not self.enabled:
             self._changed.clear()
         ready = [s for s in self._changed.values() if s.turn is None]
+        saved = []
         for slot in ready:
-            del self._changed[slot.session_id]
-            self._checkpointed.add(slot.session_id)
-            self._sent.add(slot.session_id)
-        batch = CheckpointBatch(
-            [self.transfer.export([slot]) for slot in ready], self._dropped, self._released
-        )
+            sid = slot.session_id
+            del self._changed[sid]
+            self._checkpointed.add(sid)
+            before = self._sent.get(sid, 0)
+            kv_from = {sid: before} if 0 < before <= slot.committed_len else None
+            saved.append(export([slot], kv_from=kv_from))
+            self._sent[sid] = slot.committed_len
+        batch = CheckpointBatch(saved, self._dropped, self._released)
         self._dropped, self._released = [], []
         return batch

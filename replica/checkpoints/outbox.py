@@ -81,6 +81,7 @@ class CheckpointOutbox:
         self._unfreed = 0  # sessions released without their checkpoint freed, so far
         self._unfreed_at: dict[int, int] = {}  # item seq -> ``_unfreed`` when it was queued
         self._waiting: dict[str, int] = {}  # session id -> seq of its unacknowledged save
+        self._chains: dict[str, int] = {}  # session id -> committed_len of its last record queued
         self._durable: list[tuple[set[str], asyncio.Future]] = []  # ``durable`` callers
         self._acked = (0, 0, 0)  # (store held, expected, store bytes) at the last ack
         self.written_total = 0
@@ -100,6 +101,8 @@ class CheckpointOutbox:
         dropped = set(batch.dropped)
         unfreed = [s for s in batch.released if s in self._expected and s not in dropped]
         self._expected.difference_update(batch.released)
+        for session_id in batch.released:
+            self._chains.pop(session_id, None)
         if unfreed:  # released, their checkpoints not freed (a failpoint): leaked from now on
             self._unfreed += len(unfreed)
             store_held, expected, store_bytes = self._acked
@@ -107,7 +110,13 @@ class CheckpointOutbox:
         if batch.dropped:
             self._put(CheckpointDrop(tuple(batch.dropped)))
         for record in batch.saved:
-            session_id = record.sessions[0].session_id
+            meta = record.sessions[0]
+            session_id = meta.session_id
+            if meta.kv_from and self._chains.get(session_id) != meta.kv_from:
+                # a delta taken for the store before this one: this store gets the whole state
+                # (every session is checkpointed again when a store connects)
+                continue
+            self._chains[session_id] = meta.committed_len
             self._expected.add(session_id)
             self._waiting[session_id] = self._put(record)
             self.written_total += 1
@@ -229,6 +238,7 @@ class CheckpointOutbox:
         self._unfreed_at.clear()
         self._expected.clear()
         self._waiting.clear()
+        self._chains.clear()
         self._acked = (0, 0, 0)
         self.protected = frozenset()
         self.holds.release_all()

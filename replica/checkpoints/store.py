@@ -8,27 +8,36 @@ of a streaming call the owner of its items, so each checkpoint is an object the 
 the replica's process can die and the object stays readable. On the replica's own node the
 store keeps the item as it is (no copy); on another node it copies it once into an object of its
 own, on its node, so that the replica's node can die too. It keeps the latest checkpoint of each
-session (an ObjectRef) until the replica says the session was released (``CheckpointDrop``), and
+session (its ``CheckpointChain``: a whole state, then the deltas of the turns after it, folded
+into one whole state every ``MAX_DELTAS`` deltas, in a thread, off the acknowledgements' way)
+until the replica says the session was released (``CheckpointDrop``), and
 acknowledges every item it has taken (``checkpoints_acked``: the replica's accounting compares
 its count with what the replica expects, and holds a turn's last event until its checkpoint is
 acknowledged). A replica that stops waiting for its acknowledgements (they stalled) ends the
 stream; the serve process's ``StoreKeeper`` then has it ``follow`` again, from nothing.
 
+With a ``checkpoint_dir`` (``--checkpoint-dir``) each item is also written there
+(``CheckpointFiles``) before it is acknowledged, so a failover whose store died too reads it.
+
 When the replica dies the stream ends; ``checkpoints`` waits for that end (every item the
-replica yielded is in) and answers the refs for the router's failover, which imports them on
-live replicas straight from the object store and then ends this store.
+replica yielded is in), folds each chain into one whole state and answers their refs for the
+router's failover, which imports them on live replicas straight from the object store and then
+ends this store.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import ray
 
-from replica.actor_client import ReplicaClient
+from replica.actor.client import ReplicaClient
 from replica.api import SessionMeta, SessionStates
+from replica.checkpoints.chain import MAX_DELTAS, BrokenChainError, CheckpointChain, fold
+from replica.checkpoints.files import CheckpointFiles
 from replica.checkpoints.outbox import CheckpointDrop
 
 log = logging.getLogger(__name__)
@@ -37,9 +46,13 @@ ACK_WAIT_S = 10.0  # how long a new stream waits for the last one's acknowledgem
 
 
 class CheckpointStore:
-    def __init__(self, replica_id: str) -> None:
+    def __init__(self, replica_id: str, checkpoint_dir: str = "") -> None:
         self.replica_id = replica_id
-        self.saved: dict[str, tuple[SessionMeta, int, Any]] = {}  # id -> meta, bytes, ObjectRef
+        self.files = CheckpointFiles(checkpoint_dir, replica_id) if checkpoint_dir else None
+        self._seq = 0  # the last part's sequence number: increasing across streams
+        self.saved: dict[str, CheckpointChain] = {}
+        self.folds = 0  # chains folded into one whole state
+        self._folding: set[asyncio.Task] = set()
         self.items = 0
         self.acked = 0
         self._ended: asyncio.Event | None = None
@@ -70,12 +83,15 @@ class CheckpointStore:
         try:
             async for ref in ReplicaClient(replica).checkpoint_stream(store=me):
                 item = await ref
-                self.items += 1
+                self._seq = seq = max(self._seq + 1, time.time_ns())
+                if self.files is not None:  # on the volume before it is acknowledged
+                    await asyncio.to_thread(self._write, item, seq)
                 if isinstance(item, CheckpointDrop):
                     for session_id in item.session_ids:
                         self.saved.pop(session_id, None)
                 else:
-                    self._keep(item, ray.put(item) if copy_here else ref)
+                    self._keep(item, ray.put(item) if copy_here else ref, seq)
+                self.items += 1  # only now: an acknowledgement counts what ``saved`` holds
                 del item
                 self._ack(replica)
         except Exception as exc:  # noqa: BLE001 - the replica died: keep what we have
@@ -83,9 +99,54 @@ class CheckpointStore:
         finally:
             self._ended.set()
 
-    def _keep(self, record: SessionStates, ref: Any) -> None:
+    def _write(self, item: SessionStates | CheckpointDrop, seq: int) -> None:
+        try:
+            if isinstance(item, CheckpointDrop):
+                self.files.drop(item.session_ids)
+            else:
+                self.files.write(item, seq)
+        except OSError:  # the volume failed: the checkpoint is still held here
+            log.exception("writing checkpoints of %s to %s", self.replica_id, self.files.dir)
+
+    def _keep(self, record: SessionStates, ref: Any, seq: int) -> None:
         meta = record.sessions[0]
-        self.saved[meta.session_id] = (meta, record.nbytes, ref)
+        try:
+            if meta.kv_from:
+                chain = self.saved[meta.session_id]
+                chain.extend(meta, record.nbytes, ref, seq)
+            else:
+                chain = self.saved[meta.session_id] = CheckpointChain.start(
+                    meta, record.nbytes, ref, seq
+                )
+        except (KeyError, BrokenChainError) as exc:
+            # never restore a state that is not the session's: hold none (the replica's
+            # checkpoints pool shows it, ``leaked`` below 0)
+            log.error("checkpoint of %s dropped: %s", meta.session_id, exc)
+            self.saved.pop(meta.session_id, None)
+            return
+        if chain.deltas >= MAX_DELTAS and not chain.folding.locked():
+            task = asyncio.get_running_loop().create_task(self._fold(meta.session_id, chain))
+            self._folding.add(task)
+            task.add_done_callback(self._folding.discard)
+
+    async def _fold(self, session_id: str, chain: CheckpointChain) -> None:
+        """Fold ``chain``'s parts so far into one whole state (in a thread); the deltas that
+        arrive meanwhile stay after it. A chain replaced or dropped meanwhile is left alone."""
+        async with chain.folding:
+            if not chain.deltas or self.saved.get(session_id) is not chain:
+                return
+            try:
+                parts, seq = list(chain.refs), chain.seqs[-1]
+                records = [await p if isinstance(p, ray.ObjectRef) else p for p in parts]
+                whole = await asyncio.to_thread(fold, records)
+                del records
+                if self.files is not None and self.saved.get(session_id) is chain:
+                    await asyncio.to_thread(self.files.write, whole, seq, True)
+                if self.saved.get(session_id) is chain:
+                    chain.folded(len(parts), ray.put(whole), whole.nbytes)
+                    self.folds += 1
+            except Exception:  # noqa: BLE001 - the chain stays as it was: base and deltas
+                log.exception("folding the checkpoint of %s", session_id)
 
     def _ack(self, replica: Any) -> None:
         """Acknowledge the items taken so far; one acknowledgement in flight at a time."""
@@ -95,7 +156,7 @@ class CheckpointStore:
     async def _send_acks(self, replica: Any) -> None:
         while self.acked < self.items:
             self.acked = self.items
-            held_bytes = sum(n for _, n, _ in self.saved.values())
+            held_bytes = sum(chain.nbytes for chain in self.saved.values())
             try:
                 await ReplicaClient(replica).checkpoints_acked(
                     seq=self.acked, held=len(self.saved), held_bytes=held_bytes
@@ -106,8 +167,9 @@ class CheckpointStore:
     async def checkpoints(
         self, session_ids: list[str], wait_s: float
     ) -> dict[str, tuple[SessionMeta, list[Any]]]:
-        """The latest checkpoints of ``session_ids`` (those it has): meta and [ObjectRef]. For a
-        failover: waits up to ``wait_s`` for the dead replica's stream to end first."""
+        """The latest checkpoints of ``session_ids`` (those it has): meta and [ObjectRef of a
+        whole state]. For a failover: waits up to ``wait_s`` for the dead replica's stream to
+        end first."""
         if self._ended is not None:
             try:
                 await asyncio.wait_for(self._ended.wait(), wait_s)
@@ -115,12 +177,11 @@ class CheckpointStore:
                 log.warning(
                     "checkpoint stream of %s still open after %.1fs", self.replica_id, wait_s
                 )
-        return {
-            sid: (self.saved[sid][0], [self.saved[sid][2]])
-            for sid in session_ids
-            if sid in self.saved
-        }
+        found = {sid: self.saved[sid] for sid in session_ids if sid in self.saved}
+        for sid, chain in found.items():
+            await self._fold(sid, chain)
+        return {sid: (chain.whole_meta, chain.refs[:1]) for sid, chain in found.items()}
 
     async def stats(self) -> tuple[int, int]:
         """Checkpoints held, and their bytes."""
-        return len(self.saved), sum(n for _, n, _ in self.saved.values())
+        return len(self.saved), sum(chain.nbytes for chain in self.saved.values())

@@ -96,7 +96,7 @@ class AsyncEngine:
                 if now >= next_idle_check:
                     next_idle_check = now + 1.0
                     released = self.engine.release_idle()
-                    self.engine.park_idle()
+                    self.engine.session_ops.park_idle()
                     if released and self._on_released:
                         self._loop.call_soon_threadsafe(self._on_released, released)
                 if now >= next_snapshot or not self.engine.has_work:
@@ -109,7 +109,7 @@ class AsyncEngine:
 
     def _hand_over_taken(self, events: list[TurnEvent]) -> None:
         """On the engine thread: hand over ``events`` with the checkpoints left so far."""
-        checkpoints = self.engine.take_checkpoints()
+        checkpoints = self.engine.session_ops.take_checkpoints()
         if not (checkpoints and self._on_checkpoints):
             checkpoints = None
         if events or checkpoints:

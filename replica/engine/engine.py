@@ -1,12 +1,13 @@
 """The replica's engine: continuous batching of session turns over one hybrid model.
 
-Session-level operations (open, close, idle releases, checkpoint notes) are ``SessionOps``'s;
-moving sessions between replicas is ``SessionMoves``'s. Single-threaded by contract: every
-method runs on the thread that calls ``step`` (the async wrapper queues commands and applies
-them between steps), so the pools change only between steps and every snapshot is consistent.
-``step`` admits waiting turns, runs one forward for the decode batch and the prefill chunks,
-samples, streams ``TurnEvent``s, and ends finished turns. When the engine goes idle it checks the
-accounting invariant (strict mode raises).
+The engine builds its parts and delegates to them: queueing, interrupting and cancelling turns
+is ``TurnOps``'s, session-level operations (open, close, idle releases, checkpoint notes)
+``SessionOps``'s, moving sessions between replicas ``SessionMoves``'s. Single-threaded by
+contract: every method runs on the thread that calls ``step`` (the async wrapper queues commands
+and applies them between steps), so the pools change only between steps and every snapshot is
+consistent. ``step`` admits waiting turns, runs one forward for the decode batch and the prefill
+chunks, samples, streams ``TurnEvent``s, and ends finished turns. When the engine goes idle it
+checks the accounting invariant (strict mode raises).
 
 How turns end is ``TurnOutputs``'s (closing a session during a turn cancels the turn). Errors
 stay with the turns they touch; only an error outside any turn escapes ``step``, and then the
@@ -25,25 +26,15 @@ from collections.abc import Callable, Sequence
 import torch
 
 from replica.accounting import InvariantChecker, check_page_refs, count_pools
-from replica.api import (
-    CHECKPOINT_POOL,
-    CheckpointStats,
-    FinishReason,
-    PoolSnapshot,
-    PoolStats,
-    SamplingParams,
-    SessionMovingError,
-    StatusCode,
-    TurnEvent,
-    TurnRunningError,
-)
+from replica.api import PoolSnapshot, ReleaseReason, SamplingParams, SessionInfo, TurnEvent
 from replica.checkpoints.log import CheckpointLog
 from replica.config import ReplicaConfig
+from replica.engine.checkpoint_accounting import CheckpointAccounting
 from replica.engine.model_runner import ModelRunner
 from replica.engine.moves import SessionMoves
 from replica.engine.scheduler import Scheduler
 from replica.engine.session_ops import SessionOps
-from replica.engine.turn_check import check_turn
+from replica.engine.turn_ops import TurnOps
 from replica.engine.turn_outputs import TurnOutputs
 from replica.generation.defaults import GenerationDefaults
 from replica.model import HybridModel, Tokenizer
@@ -52,14 +43,14 @@ from replica.pools.hybrid_pool import HybridReqToTokenPool
 from replica.pools.state_copy import StateCopier
 from replica.sessions.parking import Parker
 from replica.sessions.request import Req
-from replica.sessions.session import StreamingSession
 from replica.sessions.stream_leases import StreamLeases
+from replica.sessions.table import SessionTable
 from replica.sessions.transfer import StateTransfer
 
 log = logging.getLogger(__name__)
 
 
-class Engine(SessionOps):
+class Engine:
     def __init__(
         self,
         config: ReplicaConfig,
@@ -82,12 +73,18 @@ class Engine(SessionOps):
         self.tokenizer = tokenizer
         self.model_config = model.cfg
         self.pool = HybridReqToTokenPool(model.cfg, config.pools)
-        self.sessions = StreamingSession(
+        self.checkpoints: CheckpointLog | None = None
+        if config.session_checkpoints:
+            self.checkpoints = CheckpointLog("leak_checkpoint_on_release" in config.failpoints)
+        log = self.checkpoints
+        self.sessions = SessionTable(
             self.pool,
             config.session_idle_timeout_s,
             clock=clock,
             failpoints=config.failpoints,
             parker=Parker.build(self.pool, model.cfg, config.pools, config.failpoints),
+            on_changed=None if log is None else log.changed,
+            on_released=None if log is None else log.released,
         )
         self.scheduler = Scheduler(
             self.pool, self.sessions, config.max_prefill_chunk, config.max_batch_tokens
@@ -101,24 +98,37 @@ class Engine(SessionOps):
         self.transfer = StateTransfer(
             self.sessions, StateCopier(cuda), self.fingerprint, config.pools
         )
+        self.turn_ops = TurnOps(
+            config,
+            self.generation,
+            model.cfg.vocab_size,
+            self.sessions,
+            self.scheduler,
+            self.turns,
+            self.checkpoints,
+        )
+        self.session_ops = SessionOps(
+            config,
+            model.cfg.vocab_size,
+            replica_id,
+            self.sessions,
+            self.scheduler,
+            self.leases,
+            self.checkpoints,
+            self.transfer,
+            self.turn_ops.cancel,
+        )
         self.moves = SessionMoves(
-            self.sessions, self.scheduler, self.leases, self.transfer, self.snapshot, self.info
+            self.sessions,
+            self.scheduler,
+            self.leases,
+            self.transfer,
+            self.snapshot,
+            self.session_ops.info,
         )
-        self.checkpoints: CheckpointLog | None = None
-        if config.session_checkpoints:
-            self.checkpoints = CheckpointLog(
-                self.transfer, "leak_checkpoint_on_release" in config.failpoints
-            )
-            self.sessions.on_changed = self.checkpoints.changed
-            self.sessions.on_released = self.checkpoints.released
-        # the replica's checkpoint accounting (its store's acknowledgements): pool and totals
-        # (until the actor connects its store: every checkpoint slot free, or no such pool)
-        room = config.pools.max_open_sessions
-        unstored = PoolStats(CHECKPOINT_POOL, room, room, 0, 0) if self.checkpoints else None
-        self.checkpoint_accounting: Callable[[], tuple[PoolStats | None, CheckpointStats]] = (
-            lambda: (unstored, CheckpointStats())
+        self.checkpoint_accounting = CheckpointAccounting(
+            config.pools.max_open_sessions, self.checkpoints, self.sessions
         )
-        self.draining = False
         self._snapshot_seq = itertools.count(1)
 
     # ----- turns ----------------------------------------------------------------------------
@@ -130,68 +140,52 @@ class Engine(SessionOps):
         sampling: SamplingParams | None = None,
         gateway_id: str | None = None,
     ) -> Req:
-        """Queue a turn; its events go to ``gateway_id`` (from now on, the session's gateway).
-        Validates everything up front; raises a typed ``ReplicaError``."""
-        slot = self.sessions.get(session_id)
-        context = slot.committed_tokens + len(input_ids)  # committed_tokens counts pending ones
-        room = self.config.pools.max_context - context
-        sampling = self.generation.apply(sampling or SamplingParams(), context, room)
-        if slot.moving:
-            raise SessionMovingError(
-                f"session {session_id} is moving to another replica; ask the router where"
-            )
-        if self.scheduler.find(session_id)[0] is not None:
-            raise TurnRunningError(
-                f"session {session_id} already has a turn running; wait for "
-                "its last chunk or interrupt it"
-            )
-        check_turn(
-            slot, input_ids, sampling, self.model_config.vocab_size, self.config.pools.max_context
-        )
-        if gateway_id is not None:
-            slot.gateway_id = gateway_id
-        self.sessions.residency.touch(slot)
-        req = Req(session_id, list(input_ids), sampling)
-        if not input_ids and not slot.pending_ids:
-            # Nothing to fold and nothing to generate: the turn is done (it would never be
-            # scheduled, so queueing it would leave the engine busy forever).
-            self.turns.report_end(req, FinishReason.LENGTH, slot)
-            return req
-        self.scheduler.add(req)
-        return req
+        """``TurnOps.submit``: queue a turn (raises a typed ``ReplicaError``)."""
+        return self.turn_ops.submit(session_id, input_ids, sampling, gateway_id)
 
     def interrupt(self, session_id: str) -> bool:
-        """Barge-in: end the session's turn now (INTERRUPTED). What it generated stays committed,
-        and so does its whole input: what was not folded in yet is folded first next turn,
-        whether the turn was running or still waiting to be admitted."""
-        req, running = self.scheduler.find(session_id)
-        if req is None:
-            return False
-        if running:
-            self.turns.commit(req, FinishReason.INTERRUPTED)
-        else:
-            self.scheduler.waiting.remove(req)
-            slot = self.sessions.get(session_id)
-            slot.pending_ids = (*slot.pending_ids, *req.input_ids)  # fits: checked at submit
-            self.checkpoint_changed([slot])
-            self.turns.report_end(req, FinishReason.INTERRUPTED, slot)
-        return True
+        """``TurnOps.interrupt``: barge-in."""
+        return self.turn_ops.interrupt(session_id)
 
     def cancel(
         self, session_id: str, why: str = "turn cancelled", turn_id: int | None = None
     ) -> bool:
-        """End the session's turn (only turn ``turn_id`` when given) and roll it back (atomic
-        turns); reports CANCELLED. Returns whether a turn was cancelled."""
-        req, running = self.scheduler.find(session_id)
-        if req is None or (turn_id is not None and req.rid != turn_id):
-            return False
-        if running:
-            self.turns.fail(req, StatusCode.CANCELLED, why)
-        else:
-            self.scheduler.waiting.remove(req)
-            slot = self.sessions.get(session_id)
-            self.turns.emit(slot, req, error_code=StatusCode.CANCELLED, error=why)
-        return True
+        """``TurnOps.cancel``: end the session's turn and roll it back."""
+        return self.turn_ops.cancel(session_id, why, turn_id)
+
+    # ----- sessions -------------------------------------------------------------------------
+
+    def open_session(
+        self,
+        session_id: str,
+        idle_timeout_s: float = 0.0,
+        tenant: str = "",
+        gateway_id: str = "",
+        prefix_ids: Sequence[int] | None = None,
+    ) -> SessionInfo:
+        """``SessionOps.open_session``."""
+        return self.session_ops.open_session(
+            session_id, idle_timeout_s, tenant, gateway_id, prefix_ids
+        )
+
+    def fork_session(self, parent_id: str, child_id: str, gateway_id: str = "") -> SessionInfo:
+        """``SessionOps.fork_session``."""
+        return self.session_ops.fork_session(parent_id, child_id, gateway_id)
+
+    def close_session(
+        self, session_id: str, reason: ReleaseReason = ReleaseReason.CLOSED, force: bool = False
+    ) -> bool:
+        """``SessionOps.close_session`` (idempotent)."""
+        return self.session_ops.close_session(session_id, reason, force)
+
+    def session_info(self, session_id: str) -> SessionInfo:
+        return self.session_ops.session_info(session_id)
+
+    def release_idle(self) -> list[str]:
+        """Drop stale moving marks (``SessionMoves.expire``), then release the sessions idle
+        past their timeout (``SessionOps.release_idle``); returns their ids."""
+        self.moves.expire()
+        return self.session_ops.release_idle()
 
     # ----- the step -------------------------------------------------------------------------
 
@@ -224,7 +218,7 @@ class Engine(SessionOps):
     # ----- accounting -----------------------------------------------------------------------
 
     def snapshot(self) -> PoolSnapshot:
-        checkpoint_pool, checkpoints = self.checkpoint_accounting()
+        checkpoint_pool, checkpoints = self.checkpoint_accounting.read()
         pools = count_pools(self.pool, self.sessions, self.scheduler.running)
         return PoolSnapshot(
             replica_id=self.replica_id,
@@ -235,7 +229,7 @@ class Engine(SessionOps):
             waiting_requests=len(self.scheduler.waiting),
             taken_at=time.time(),
             seq=next(self._snapshot_seq),
-            draining=self.draining,
+            draining=self.session_ops.draining,
             sessions_opened_total=self.sessions.opened_total,
             sessions_released_total=dict(self.sessions.released_total),
             parking=self.sessions.residency.stats(),

@@ -28,8 +28,8 @@ from replica.api import (
     SessionStates,
 )
 from replica.engine.scheduler import Scheduler
-from replica.sessions.session import SessionSlot, StreamingSession
 from replica.sessions.stream_leases import StreamLeases
+from replica.sessions.table import SessionRecord, SessionTable
 from replica.sessions.transfer import StateTransfer
 
 MARK_TTL_S = 120.0
@@ -38,12 +38,12 @@ MARK_TTL_S = 120.0
 class SessionMoves:
     def __init__(
         self,
-        sessions: StreamingSession,
+        sessions: SessionTable,
         scheduler: Scheduler,
         leases: StreamLeases,
         transfer: StateTransfer,
         snapshot: Callable[[], PoolSnapshot],
-        info: Callable[[SessionSlot], SessionInfo],
+        info: Callable[[SessionRecord], SessionInfo],
     ) -> None:
         self.sessions = sessions
         self.scheduler = scheduler

@@ -20,7 +20,7 @@ from replica.api import PoolExhaustedError, ReplicaError
 from replica.pools.hybrid_pool import HybridReqToTokenPool
 from replica.pools.kv_pool import KVTokenPool
 from replica.sessions.request import Req
-from replica.sessions.session import SessionSlot, StreamingSession
+from replica.sessions.table import SessionRecord, SessionTable
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ def input_left(req: Req) -> int:
     return max(0, len(req.input_ids) - req.turn_folded)
 
 
-def no_room_message(slot: SessionSlot, target: int, kv: KVTokenPool) -> str:
+def no_room_message(slot: SessionRecord, target: int, kv: KVTokenPool) -> str:
     if slot.parked:
         return (
             "no GPU room to restore this parked session: idle sessions hold the GPU slots and "
@@ -67,7 +67,7 @@ class Scheduler:
     def __init__(
         self,
         pool: HybridReqToTokenPool,
-        sessions: StreamingSession,
+        sessions: SessionTable,
         max_prefill_chunk: int,
         max_batch_tokens: int,
     ) -> None:

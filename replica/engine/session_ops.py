@@ -1,13 +1,16 @@
-"""``SessionOps``: the engine's session-level operations (mixed into ``Engine``): open, close,
-look up, release idle sessions, park idle ones, and note state changes for checkpoints.
+"""``SessionOps``: the engine's session-level operations: open, close, look up, release idle
+sessions, park idle ones, and note state changes for checkpoints.
 
-They run on the engine thread, between steps, like every engine method.
+The engine builds it over the parts it owns (the session table, the scheduler, the stream
+leases, the checkpoint log) and delegates to it. It holds whether the replica is draining (a
+draining replica opens no session). Its methods run on the engine thread, between steps, like
+every engine method.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from replica.api import (
     ContextOverflowError,
@@ -19,27 +22,39 @@ from replica.api import (
 )
 from replica.checkpoints.log import CheckpointBatch, CheckpointLog
 from replica.config import ReplicaConfig
-from replica.sessions.session import SessionSlot, StreamingSession
+from replica.sessions.table import SessionRecord, SessionTable
 
 if TYPE_CHECKING:
-    from replica.engine.moves import SessionMoves
     from replica.engine.scheduler import Scheduler
     from replica.sessions.stream_leases import StreamLeases
+    from replica.sessions.transfer import StateTransfer
 
 
 class SessionOps:
-    config: ReplicaConfig
-    model_config: Any
-    replica_id: str
-    sessions: StreamingSession
-    scheduler: Scheduler
-    leases: StreamLeases
-    moves: SessionMoves
-    checkpoints: CheckpointLog | None
-    draining: bool
-
-    def cancel(self, session_id: str, why: str = "", turn_id: int | None = None) -> bool:
-        raise NotImplementedError  # provided by Engine
+    def __init__(
+        self,
+        config: ReplicaConfig,
+        vocab_size: int,
+        replica_id: str,
+        sessions: SessionTable,
+        scheduler: Scheduler,
+        leases: StreamLeases,
+        checkpoints: CheckpointLog | None,
+        transfer: StateTransfer,
+        cancel: Callable[[str, str], bool],
+    ) -> None:
+        """``checkpoints`` None: checkpoints are off; ``cancel(session_id, why)``: the engine's,
+        which ends the session's turn (a close cancels it first)."""
+        self.config = config
+        self.vocab_size = vocab_size
+        self.replica_id = replica_id
+        self.sessions = sessions
+        self.scheduler = scheduler
+        self.leases = leases
+        self.checkpoints = checkpoints
+        self.transfer = transfer
+        self.cancel = cancel
+        self.draining = False
 
     def open_session(
         self,
@@ -64,7 +79,7 @@ class SessionOps:
         return self.info(self.sessions.open(session_id, timeout, tenant, gateway_id, prefix))
 
     def check_prefix(self, prefix_ids: Sequence[int]) -> None:
-        vocab, limit = self.model_config.vocab_size, self.config.pools.max_context
+        vocab, limit = self.vocab_size, self.config.pools.max_context
         bad = [t for t in prefix_ids if not (type(t) is int and 0 <= t < vocab)]
         if bad:
             raise InvalidRequestError(
@@ -94,7 +109,7 @@ class SessionOps:
         self.cancel(session_id, "session closed")
         return self.sessions.release_session(session_id, reason)
 
-    def info(self, slot: SessionSlot) -> SessionInfo:
+    def info(self, slot: SessionRecord) -> SessionInfo:
         return SessionInfo(
             slot.session_id,
             slot.committed_tokens,
@@ -129,7 +144,6 @@ class SessionOps:
         """Release the sessions idle past their timeout, except those with a turn waiting and
         those a stream holds open (``leases``); returns their ids."""
         self.leases.prune(self.sessions.sessions)
-        self.moves.expire()
         busy = {req.session_id for req in self.scheduler.waiting}
         expired = [
             sid
@@ -150,7 +164,7 @@ class SessionOps:
         for session_id in list(self.sessions.sessions):
             self.close_session(session_id, reason, force=True)
 
-    def checkpoint_changed(self, slots: Iterable[SessionSlot]) -> None:
+    def checkpoint_changed(self, slots: Iterable[SessionRecord]) -> None:
         """Sessions whose state changed: checkpointed after this step (when checkpoints are
         on)."""
         if self.checkpoints is not None:
@@ -169,4 +183,4 @@ class SessionOps:
         """What the steps since the last call leave to checkpoint (None: checkpoints off)."""
         if self.checkpoints is None:
             return None
-        return self.checkpoints.take()
+        return self.checkpoints.take(self.transfer.export)

@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from replica.api import ContextOverflowError, InvalidRequestError, SamplingParams
-from replica.sessions.session import SessionSlot
+from replica.sessions.table import SessionRecord
 
 
 def check_turn(
-    slot: SessionSlot,
+    slot: SessionRecord,
     input_ids: Sequence[int],
     sampling: SamplingParams,
     vocab: int,

@@ -1,13 +1,13 @@
 """``TurnOutputs``: what running turns produce, and how each turn ends.
 
 A turn that finishes (stop token, max_new_tokens) or is interrupted (barge-in) is committed; a
-turn that is cancelled or fails rolls the session back to its checkpoint (track buffers >= 1) or
+turn that is cancelled or fails rolls the session back to its turn snapshot (track buffers >= 1) or
 commits what it folded in (0).
 
 It takes each sampled token into its turn (text through the turn's ``TurnText``; the end at the
 model's EOS, a stop id or stop string of the request, or ``max_new_tokens``), ends turns
 (``commit``: the session keeps what the turn produced; ``fail``: the session rolls back to its
-checkpoint), and collects the ``TurnEvent``s produced since the last ``take``, each addressed
+turn snapshot), and collects the ``TurnEvent``s produced since the last ``take``, each addressed
 to its session's gateway.
 A turn's text exists from ``start`` (its input is folded in) until
 it ends; every way a turn ends goes through here, so it does not outlive its turn. Owned by the
@@ -27,15 +27,13 @@ from replica.engine.turn_batch import TurnBatch
 from replica.engine.turn_text import TurnText
 from replica.model import Tokenizer
 from replica.sessions.request import Req
-from replica.sessions.session import SessionSlot, StreamingSession
+from replica.sessions.table import SessionRecord, SessionTable
 
 log = logging.getLogger(__name__)
 
 
 class TurnOutputs:
-    def __init__(
-        self, tokenizer: Tokenizer, scheduler: Scheduler, sessions: StreamingSession
-    ) -> None:
+    def __init__(self, tokenizer: Tokenizer, scheduler: Scheduler, sessions: SessionTable) -> None:
         self.tokenizer = tokenizer
         self.scheduler = scheduler
         self.sessions = sessions
@@ -148,7 +146,7 @@ class TurnOutputs:
         self,
         req: Req,
         reason: FinishReason,
-        slot: SessionSlot,
+        slot: SessionRecord,
         tokens: tuple[int, ...] = (),
         text: str = "",
     ) -> None:
@@ -162,7 +160,7 @@ class TurnOutputs:
             committed_tokens=slot.committed_tokens,
         )
 
-    def emit(self, slot: SessionSlot, req: Req, **fields) -> None:
+    def emit(self, slot: SessionRecord, req: Req, **fields) -> None:
         """An event of ``req``'s turn, addressed to its session's gateway. ``slot`` is the
         session's record, passed in because a session closed during its turn is already gone
         from the table when the turn's last event is emitted."""

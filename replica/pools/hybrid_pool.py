@@ -2,7 +2,7 @@
 
 Every sequence (a running request, or an idle session between turns) holds one req row, one
 mamba slot for its live state (``mamba_pool_idx``) and ``mamba_track_buffers`` more mamba slots
-(its track buffer; entry 0 holds the checkpoint that makes turns atomic), plus the KV pages of
+(its track buffer; entry 0 holds the turn snapshot that makes turns atomic), plus the KV pages of
 its positions. ``alloc_seqs`` is all-or-nothing; ``free_seq`` gives back all of it,
 the mamba slots included.
 """

@@ -3,7 +3,7 @@
 Per mamba layer a conv state ``[slots, conv_dim, d_conv-1]`` and an SSM state
 ``[slots, n_heads, head_dim, d_state]``. A freshly allocated slot holds zero state, so a new
 sequence starts from the model's initial state. ``copy(src, dst)`` copies every layer's state,
-which is how a turn's checkpoint is taken and restored. Double free and freeing a slot that was
+which is how a turn snapshot is taken and restored. Double free and freeing a slot that was
 never allocated raise ``SlotStateError``.
 """
 

@@ -8,7 +8,7 @@ mamba state after them; the pending tokens the caller copies into the child's re
   batched copy as the mamba state (conv and SSM, every layer). A fork therefore copies one mamba
   state and at most one KV page, whatever the history's length.
 - The parent has a turn running: its live mamba state is being advanced, so the committed state
-  is the checkpoint in track-buffer entry 0 (written when the turn started); without a track
+  is the turn snapshot in track-buffer entry 0 (written when the turn started); without a track
   buffer there is no such copy and the fork is refused (``TurnRunningError``) until the turn
   ends. The KV positions below ``committed_len`` are not written by the turn.
 - Parked parent: the child's state is copied from the parent's host slots (the parent stays
@@ -33,7 +33,7 @@ from replica.pools.state_copy import Places, StateCopier, StateTensors
 from replica.sessions.residency import Residency
 
 if TYPE_CHECKING:
-    from replica.sessions.slot import SessionSlot
+    from replica.sessions.record import SessionRecord
 
 
 class Forker:
@@ -51,7 +51,7 @@ class Forker:
         self.bytes_copied = 0  # every state kind, every fork
         self.kv_bytes_copied = 0  # KV only (at most one page per fork from a resident parent)
 
-    def place(self, parent: SessionSlot) -> tuple[SeqSlots | None, HostSlots | None]:
+    def place(self, parent: SessionRecord) -> tuple[SeqSlots | None, HostSlots | None]:
         """Slots holding a copy of ``parent``'s committed state (see the module's contract)."""
         if parent.parked:
             placed = self._from_host(parent)
@@ -60,14 +60,14 @@ class Forker:
         self.forks_total += 1
         return placed
 
-    def _live_state(self, parent: SessionSlot) -> int:
+    def _live_state(self, parent: SessionRecord) -> int:
         """The mamba slot holding ``parent``'s committed recurrent state now."""
         if parent.turn is None:
             return parent.seq.mamba_pool_idx
         if not parent.seq.mamba_track_buffer:
             raise TurnRunningError(
                 f"session {parent.session_id} has a turn running and this replica keeps no "
-                "checkpoint of its committed state (--mamba-track-buffers 0); fork it after "
+                "turn snapshot of its committed state (--mamba-track-buffers 0); fork it after "
                 "the turn ends"
             )
         return parent.seq.mamba_track_buffer[0]
@@ -75,7 +75,7 @@ class Forker:
     # ----- from a resident parent ---------------------------------------------------------------
 
     def _from_gpu(
-        self, parent: SessionSlot, state: int
+        self, parent: SessionRecord, state: int
     ) -> tuple[SeqSlots | None, HostSlots | None]:
         n, page = parent.committed_len, self.kv.page_size
         need = page if n % page else 0
@@ -90,7 +90,7 @@ class Forker:
             raise
         return None, host
 
-    def _share_on_gpu(self, parent: SessionSlot, state: int) -> SeqSlots:
+    def _share_on_gpu(self, parent: SessionRecord, state: int) -> SeqSlots:
         table, n = self.pool.req_to_token, parent.committed_len
         seq = self.pool.alloc_seqs(1, zeroed=False)[0]
         held = 0  # KV positions the child's row holds so far (what to give back on failure)
@@ -108,7 +108,7 @@ class Forker:
 
     # ----- from a parked parent -----------------------------------------------------------------
 
-    def _from_host(self, parent: SessionSlot) -> tuple[SeqSlots | None, HostSlots | None]:
+    def _from_host(self, parent: SessionRecord) -> tuple[SeqSlots | None, HostSlots | None]:
         n, src = parent.committed_len, parent.host
         at = Places(_ints([src.mamba_idx]), src.kv_pages)
         tokens = self.kv.held_tokens(n)

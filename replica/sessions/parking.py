@@ -1,6 +1,6 @@
 """``Parker``: moves idle sessions' state between the GPU pools and the host tier.
 
-This is the mechanism; which sessions park, and when, is ``StreamingSession``'s policy.
+This is the mechanism; which sessions park, and when, is ``SessionTable``'s policy.
 - ``park(slots)``: the live mamba state (conv and SSM, every layer) and the KV pages of the
   committed tokens of every session in ``slots`` go to fresh host slots in one batched copy per
   state kind, then every GPU slot they held is freed (req row, 1 + track-buffer mamba slots, KV
@@ -38,7 +38,7 @@ from replica.pools.kv_pool import pages_for
 from replica.pools.state_copy import Places, StateCopier, StateTensors
 
 if TYPE_CHECKING:
-    from replica.sessions.slot import SessionSlot
+    from replica.sessions.record import SessionRecord
 
 RESTORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -98,20 +98,20 @@ class Parker:
 
     # ----- room -------------------------------------------------------------------------------
 
-    def host_can_hold(self, slots: Sequence[SessionSlot]) -> bool:
+    def host_can_hold(self, slots: Sequence[SessionRecord]) -> bool:
         return self.host.can_hold(len(slots), sum(self._pages(s) for s in slots))
 
-    def gpu_tokens(self, slot: SessionSlot) -> int:
+    def gpu_tokens(self, slot: SessionRecord) -> int:
         """KV token slots a parked session takes back on the GPU (whole pages)."""
         return self.pool.kv_pool.held_tokens(slot.committed_len)
 
-    def _freed(self, slot: SessionSlot) -> int:
+    def _freed(self, slot: SessionRecord) -> int:
         """GPU KV token slots parking ``slot`` frees (pages it shares with nobody)."""
         return self.pool.kv_pool.freed_by_release(
             self.pool.req_to_token, slot.req_pool_idx, slot.committed_len
         )
 
-    def _pages(self, slot: SessionSlot) -> int:
+    def _pages(self, slot: SessionRecord) -> int:
         return pages_for(slot.committed_len, self.page_size)
 
     # ----- moves ------------------------------------------------------------------------------
@@ -120,7 +120,7 @@ class Parker:
         """Host slots for a new session (zero state, no KV): it is born parked."""
         return self._host_alloc([0], zeroed=True)[0]
 
-    def park(self, slots: Sequence[SessionSlot]) -> None:
+    def park(self, slots: Sequence[SessionRecord]) -> None:
         """GPU -> host for idle resident sessions; then their GPU slots are freed."""
         if not slots:
             return
@@ -135,7 +135,7 @@ class Parker:
             slot.host = place
         self.parks_total += len(slots)
 
-    def restore(self, slots: Sequence[SessionSlot], since: float | None = None) -> None:
+    def restore(self, slots: Sequence[SessionRecord], since: float | None = None) -> None:
         """Host -> fresh GPU slots for parked sessions; then their host slots are freed. The
         restore time observed runs from ``since`` (``time.perf_counter()``; when the caller
         began making room for them), or from now."""
@@ -157,8 +157,8 @@ class Parker:
 
     def swap(
         self,
-        victims: Sequence[SessionSlot],
-        restorees: Sequence[SessionSlot],
+        victims: Sequence[SessionRecord],
+        restorees: Sequence[SessionRecord],
         since: float | None = None,
     ) -> None:
         """Park ``victims`` and restore ``restorees`` when the GPU has room for the restorees
@@ -196,13 +196,15 @@ class Parker:
             slot.host = place
         self.parks_total += len(victims)
 
-    def _back_to_gpu(self, victims: Sequence[SessionSlot], held: StateTensors, at: Places) -> None:
+    def _back_to_gpu(
+        self, victims: Sequence[SessionRecord], held: StateTensors, at: Places
+    ) -> None:
         """Victims of a swap that failed return to fresh GPU slots from their transient copy."""
         self._take_gpu(victims)
         self._copy(held, at, self.gpu_state, self._gpu_places(victims))
 
     def _swap_fits(
-        self, victims: Sequence[SessionSlot], pages: list[int], restorees: Sequence[SessionSlot]
+        self, victims: Sequence[SessionRecord], pages: list[int], restorees: Sequence[SessionRecord]
     ) -> bool:
         kv, per_seq = self.pool.kv_pool, self.pool.slots_per_seq
         out, back = len(victims), len(restorees)
@@ -215,13 +217,13 @@ class Parker:
         freed_pages = sum(self._pages(s) for s in restorees)
         return gpu_fits and self.host.can_hold(max(0, out - back), max(0, sum(pages) - freed_pages))
 
-    def free_host(self, slot: SessionSlot) -> None:
+    def free_host(self, slot: SessionRecord) -> None:
         self.host.free([slot.host])
         slot.host = None
 
     # ----- GPU side ---------------------------------------------------------------------------
 
-    def _take_gpu(self, slots: Sequence[SessionSlot]) -> None:
+    def _take_gpu(self, slots: Sequence[SessionRecord]) -> None:
         kv = self.pool.kv_pool
         tokens = sum(self.gpu_tokens(s) for s in slots)
         if not self.pool.can_alloc(len(slots)) or tokens > kv.free_tokens:
@@ -234,12 +236,12 @@ class Parker:
             kv.extend(self.pool.req_to_token, seq.req_pool_idx, 0, slot.committed_len)
             slot.seq = seq
 
-    def _free_gpu(self, slots: Sequence[SessionSlot]) -> None:
+    def _free_gpu(self, slots: Sequence[SessionRecord]) -> None:
         self.pool.free_seqs([s.seq for s in slots], [s.committed_len for s in slots])
         for slot in slots:
             slot.seq = None
 
-    def _gpu_places(self, slots: Sequence[SessionSlot]) -> Places:
+    def _gpu_places(self, slots: Sequence[SessionRecord]) -> Places:
         table, p = self.pool.req_to_token, self.page_size
         firsts = [table[s.seq.req_pool_idx, : s.committed_len : p] for s in slots]
         pages = torch.cat(firsts).to("cpu", torch.int64) // p

@@ -1,6 +1,6 @@
 """``Req``: one turn of a session while it runs, and the slots it owns meanwhile.
 
-Ownership: between ``StreamingSession.restore_to_req`` and the end of the turn
+Ownership: between ``SessionTable.restore_to_req`` and the end of the turn
 (``save_from_req`` or ``rollback``) the request owns the session's slots (``seq``: its req row and
 mamba slots) and the KV pages of positions ``0..kv_len-1``; outside that window ``seq`` is None
 and it owns nothing.

@@ -1,6 +1,6 @@
 """``Residency``: where each open session's state lives, and the parking policy.
 
-A session is *resident* (its ``SessionSlot.seq`` holds GPU slots) or *parked* (its ``host`` holds
+A session is *resident* (its ``SessionRecord.seq`` holds GPU slots) or *parked* (its ``host`` holds
 host slots); never both, never neither. Resident sessions with no turn running are kept in
 ``idle_lru``, least recently active first, so choosing whom to park costs O(sessions parked), never
 O(sessions open): the engine step stays O(active turns).
@@ -35,7 +35,7 @@ from replica.sessions.parking import Parker
 from replica.sessions.state_cache import StateCache
 
 if TYPE_CHECKING:
-    from replica.sessions.slot import SessionSlot
+    from replica.sessions.record import SessionRecord
 
 
 class Residency:
@@ -51,10 +51,10 @@ class Residency:
         self.parker = parker
         self.cache = cache
         self.clock = clock
-        self.idle_lru: OrderedDict[str, SessionSlot] = OrderedDict()
-        self.parked: dict[str, SessionSlot] = {}
+        self.idle_lru: OrderedDict[str, SessionRecord] = OrderedDict()
+        self.parked: dict[str, SessionRecord] = {}
 
-    # ----- lifecycle hooks (called by StreamingSession) ------------------------------------
+    # ----- lifecycle hooks (called by SessionTable) ------------------------------------
 
     def gpu_fits(self, seqs: int, kv_tokens: int) -> bool:
         """Whether ``seqs`` sequences and ``kv_tokens`` KV token slots are free, after evicting
@@ -105,25 +105,25 @@ class Residency:
             "slots free" + ("" if self.parker is None else ", and the host tier is full")
         )
 
-    def opened(self, slot: SessionSlot) -> None:
+    def opened(self, slot: SessionRecord) -> None:
         if slot.parked:
             self.parked[slot.session_id] = slot
         else:
             self.idle_lru[slot.session_id] = slot
 
-    def turn_started(self, slot: SessionSlot) -> None:
+    def turn_started(self, slot: SessionRecord) -> None:
         self.idle_lru.pop(slot.session_id, None)
 
-    def turn_ended(self, slot: SessionSlot) -> None:
+    def turn_ended(self, slot: SessionRecord) -> None:
         self.idle_lru[slot.session_id] = slot  # most recently active: the end of the order
 
-    def touch(self, slot: SessionSlot) -> None:
+    def touch(self, slot: SessionRecord) -> None:
         """A turn was submitted: the session counts as active now (and is parked last)."""
         slot.last_active = self.clock()
         if slot.session_id in self.idle_lru:
             self.idle_lru.move_to_end(slot.session_id)
 
-    def released(self, slot: SessionSlot) -> None:
+    def released(self, slot: SessionRecord) -> None:
         """Forget a released session; a parked one's host slots are freed."""
         self.idle_lru.pop(slot.session_id, None)
         if self.parked.pop(slot.session_id, None) is not None:
@@ -131,7 +131,7 @@ class Residency:
 
     # ----- room for turns -------------------------------------------------------------------
 
-    def room_for_turn(self, slot: SessionSlot, target: int) -> bool:
+    def room_for_turn(self, slot: SessionRecord, target: int) -> bool:
         """Make GPU room for a turn of ``slot`` that holds positions up to ``target``: restore
         it if it is parked, park others if needed. False when the room cannot be made now."""
         if not slot.parked:
@@ -173,7 +173,7 @@ class Residency:
         [] when there is room already, None when parking every idle one would not do."""
         per_seq = self.pool.slots_per_seq
         rows, mamba, kv = self.pool.num_free, self.pool.mamba_pool.num_free, self.kv.free_tokens
-        victims: list[SessionSlot] = []
+        victims: list[SessionRecord] = []
         for slot in self.idle_lru.values():
             if rows >= seqs and mamba >= seqs * per_seq and kv >= kv_tokens:
                 return victims
@@ -192,11 +192,11 @@ class Residency:
 
     # ----- moves ----------------------------------------------------------------------------
 
-    def park(self, slots: list[SessionSlot]) -> None:
+    def park(self, slots: list[SessionRecord]) -> None:
         self.parker.park(slots)
         self._moved(parked=slots, restored=())
 
-    def unpark(self, slots: list[SessionSlot], since: float | None = None) -> None:
+    def unpark(self, slots: list[SessionRecord], since: float | None = None) -> None:
         self.parker.restore(slots, since)
         self._moved(parked=(), restored=slots)
 

@@ -37,12 +37,12 @@ from replica.pools.hybrid_pool import HybridReqToTokenPool, SeqSlots
 from replica.pools.state_copy import Places, StateCopier, StateTensors
 
 if TYPE_CHECKING:
-    from replica.sessions.session import SessionSlot, StreamingSession
+    from replica.sessions.table import SessionRecord, SessionTable
 
 
 class StateTransfer:
     def __init__(
-        self, sessions: StreamingSession, copier: StateCopier, model: str, pools: PoolConfig
+        self, sessions: SessionTable, copier: StateCopier, model: str, pools: PoolConfig
     ) -> None:
         self.sessions = sessions
         self.pool: HybridReqToTokenPool = sessions.pool
@@ -58,19 +58,27 @@ class StateTransfer:
     # ----- export -------------------------------------------------------------------------------
 
     def export(
-        self, slots: Sequence[SessionSlot], leases: Mapping[str, float] | None = None
+        self,
+        slots: Sequence[SessionRecord],
+        leases: Mapping[str, float] | None = None,
+        kv_from: Mapping[str, int] | None = None,
     ) -> SessionStates:
         """The state of idle sessions ``slots`` (resident ones first, then parked ones), with
-        what is left of their stream leases (``leases``: session id -> seconds)."""
+        what is left of their stream leases (``leases``: session id -> seconds). ``kv_from``
+        (session id -> position) makes a delta of a session: its KV from that position only."""
         resident = [s for s in slots if not s.parked]
         order = resident + [s for s in slots if s.parked]
-        lens = [s.committed_len for s in order]
+        starts = [(kv_from or {}).get(s.session_id, 0) for s in order]
+        lens = [s.committed_len - start for s, start in zip(order, starts)]
         dense = self.gpu.transient(len(order), sum(lens))
         split = len(resident), sum(lens[: len(resident)])
-        self._copy(self.gpu, self._gpu_places(resident), dense, _dense(0, 0, *split))
+        at = self._gpu_places(resident, starts[: split[0]])
+        self._copy(self.gpu, at, dense, _dense(0, 0, *split))
         if len(order) > len(resident):
             rest = len(order) - split[0], sum(lens) - split[1]
-            parked = self._host_places([s.host for s in order[split[0] :]], lens[split[0] :])
+            hosts = [s.host for s in order[split[0] :]]
+            ends = [s.committed_len for s in order[split[0] :]]
+            parked = self._host_places(hosts, ends, starts[split[0] :])
             self._copy(self.host, parked, dense, _dense(split[0], split[1], *rest))
         leases = leases or {}
         meta = tuple(
@@ -81,8 +89,9 @@ class StateTransfer:
                 s.committed_len,
                 s.pending_ids,
                 leases.get(s.session_id, 0.0),
+                start,
             )
-            for s in order
+            for s, start in zip(order, starts)
         )
         raw = (t.view(torch.uint8).numpy() for t in dense)
         return SessionStates(
@@ -91,7 +100,7 @@ class StateTransfer:
 
     # ----- import -------------------------------------------------------------------------------
 
-    def import_(self, record: SessionStates) -> tuple[list[SessionSlot], dict[str, ReplicaError]]:
+    def import_(self, record: SessionStates) -> tuple[list[SessionRecord], dict[str, ReplicaError]]:
         """Open the sessions of ``record`` here with their state; returns the records of those
         that landed and, for the others, why not."""
         src = self._tensors_of(record)
@@ -143,6 +152,12 @@ class StateTransfer:
         with warnings.catch_warnings():  # records arrive read-only; they are only read
             warnings.simplefilter("ignore", UserWarning)
             tensors = StateTensors(*(_from_raw(a, d) for a, d in zip(_arrays(record), dtypes)))
+        deltas = [m.session_id for m in record.sessions if m.kv_from]
+        if deltas:
+            raise IncompatibleStateError(
+                f"the state of {', '.join(deltas)} is a delta checkpoint; only a whole state "
+                "(a checkpoint store folds a delta onto its base) can be imported"
+            )
         sessions, tokens = len(record.sessions), sum(m.committed_len for m in record.sessions)
         for got, want, n in zip(tensors, self.gpu, (sessions, sessions, tokens, tokens)):
             if got.shape != (want.shape[0], n, *want.shape[2:]):
@@ -169,19 +184,24 @@ class StateTransfer:
 
     # ----- places -------------------------------------------------------------------------------
 
-    def _gpu_places(self, slots: Sequence[SessionSlot]) -> Places:
+    def _gpu_places(self, slots: Sequence[SessionRecord], starts: Sequence[int]) -> Places:
         table = self.pool.req_to_token
-        rows = [table[s.seq.req_pool_idx, : s.committed_len] for s in slots]
+        rows = [table[s.seq.req_pool_idx, a : s.committed_len] for s, a in zip(slots, starts)]
         return Places(
             torch.tensor([s.seq.mamba_pool_idx for s in slots], dtype=torch.int64),
             torch.cat(rows).to("cpu", torch.int64) if rows else _empty(),
         )
 
-    def _host_places(self, host: Sequence[HostSlots], lens: Sequence[int]) -> Places:
+    def _host_places(
+        self, host: Sequence[HostSlots], lens: Sequence[int], starts: Sequence[int] | None = None
+    ) -> Places:
+        """Host slots of ``host`` and their KV positions ``starts[i]..lens[i]-1`` (from 0)."""
         page = self.pool.kv_pool.page_size
         offsets = torch.arange(page, dtype=torch.int64)
+        starts = starts or [0] * len(host)
         tokens = [
-            (h.kv_pages[:, None] * page + offsets).reshape(-1)[:n] for h, n in zip(host, lens)
+            (h.kv_pages[:, None] * page + offsets).reshape(-1)[a:n]
+            for h, n, a in zip(host, lens, starts)
         ]
         return Places(
             torch.tensor([h.mamba_idx for h in host], dtype=torch.int64),

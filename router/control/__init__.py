@@ -1,1 +1,2 @@
-"""The control plane: the SessionRouter actor, its tables and the placement policy."""
+"""The control plane: the SessionRouter actor, its tables, the placement policy, and the
+supervision and autoscaling of the replicas."""

@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from replica.actor_client import ReplicaClient
+from replica.actor.client import ReplicaClient
 from replica.api import PoolSnapshot, SessionInfo
 
 ROUTER_NAME = "session-router"  # the router actor's name in serve's Ray namespace

@@ -6,7 +6,7 @@ Ray restarts the router when it dies (``max_restarts=-1``); while it is away, a 
 again for up to ``retry_s``, then answered UNAVAILABLE as an ``ActorError``, like a refusal;
 without ``retry`` the first such failure is answered so at once. What the replicas themselves
 tell the router (snapshots, registration, their death) goes through
-``replica.router_reports.RouterReports`` instead: a replica may not import the router.
+``replica.actor.router_reports.RouterReports`` instead: a replica may not import the router.
 """
 
 from __future__ import annotations

@@ -1,25 +1,87 @@
-"""``ClusterCalls``: the router's calls that change its tables directly, on news from outside
-(mixed into ``SessionRouter``): gateways' batched pins and forgets of sessions they opened or
-released on a replica themselves, the replicas' handles for those opens, the retirement of a
-replica the serve process removes (autoscaling), and a replica's new checkpoint store (its old
-one died).
+"""``ClusterCalls``: the router's calls that change its tables on news from outside: a replica's
+registration and periodic snapshot, gateways' batched pins and forgets of sessions they opened or
+released on a replica themselves, the retirement of a replica the serve process removes
+(autoscaling), and a replica's new checkpoint store (its old one died). Every change of room it
+makes wakes the opens waiting for room (``Opener.notify_room``).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from replica.api import ActorError, PoolSnapshot, StatusCode, clip_id
+from replica.actor.client import ReplicaClient
+from replica.api import (
+    ActorError,
+    PoolSnapshot,
+    ReleaseReason,
+    ReplicaDescription,
+    StatusCode,
+    clip_id,
+)
 from router.control.api import ReplicaHealth
 from router.control.opens import Opener
 from router.control.registry import ReplicaRegistry
 from router.control.table import BlankOpen, SessionTable
 
+log = logging.getLogger(__name__)
+
 
 class ClusterCalls:
-    replicas: ReplicaRegistry
-    sessions: SessionTable
-    opener: Opener
+    def __init__(self, replicas: ReplicaRegistry, sessions: SessionTable, opener: Opener) -> None:
+        self.replicas = replicas
+        self.sessions = sessions
+        self.opener = opener
+
+    async def register_replica(
+        self,
+        replica_id: str,
+        handle: Any,
+        desc: ReplicaDescription,
+        tenants: dict[str, str],
+        snapshot: PoolSnapshot | None,
+        checkpoints: Any,
+        blank: dict[str, float],
+    ) -> None:
+        """Add or refresh a replica, adopting the sessions it says it holds (id -> tenant);
+        ``checkpoints`` is its checkpoint store, when it has one; ``blank`` those sessions that
+        hold nothing yet, with their idle timeouts (a failover may open them again, empty).
+
+        A replica declared dead stays dead (the serve process kills and replaces it): if it
+        turns out to be alive, its sessions, whose clients were told ABORTED, are released."""
+        if self.replicas.is_fenced(desc.incarnation):
+            if tenants:
+                log.warning(
+                    "replica %s came back after it was declared dead; releasing its %d sessions",
+                    replica_id,
+                    len(tenants),
+                )
+                await ReplicaClient(handle).close_sessions(
+                    session_ids=list(tenants), reason=ReleaseReason.REPLICA_LOST
+                )
+            return
+        entry = self.replicas.register(replica_id, handle, desc, checkpoints)
+        if snapshot is not None:
+            entry.take(snapshot)
+        for sid, tenant in tenants.items():
+            empty = BlankOpen(blank[sid], entry.store_epoch) if sid in blank else None
+            self.sessions.pin(sid, replica_id, tenant, empty)
+        log.info("replica %s registered with %d sessions", replica_id, len(tenants))
+        await self.opener.notify_room()
+
+    async def report(self, snapshot: PoolSnapshot, released: list[str]) -> bool:
+        """A replica's periodic snapshot, and the sessions it released on its own since (idle
+        timeout); False when the replica must register (again)."""
+        entry = self.replicas.get(snapshot.replica_id)
+        if entry is None or entry.desc.incarnation != snapshot.incarnation:
+            return False
+        entry.take(snapshot)
+        if entry.health == ReplicaHealth.DEAD:
+            return False
+        for sid in released:
+            self.sessions.released_by(sid, snapshot.replica_id)
+        await self.opener.notify_room()
+        return True
 
     async def update_sessions(
         self,
@@ -29,13 +91,12 @@ class ClusterCalls:
     ) -> list[bool]:
         """A gateway's batched news (``router.gateway.router_updates``): sessions it opened on a
         replica itself (session id, replica id, tenant, and its idle timeout when it was opened
-        empty, else None: ``BlankOpen``), sessions it released on a replica
-        (session id, replica id: one pinned to another replica by now, it moved, is kept), and
-        the replicas' snapshots from those calls' replies. Per pin, whether it was pinned: False
-        when the replica is not a live one here, or has reported the session released (the
-        gateway then releases the session). A
-        session pinned here is the router's like any other: drains move it, failover restores
-        it from its checkpoints."""
+        empty, else None: ``BlankOpen``), sessions it released on a replica (session id,
+        replica id: one pinned to another replica by now, it moved, is kept), and the replicas'
+        snapshots from those calls' replies. Per pin, whether it was pinned: False when the
+        replica is not a live one here, or has reported the session released (the gateway then
+        releases the session). A session pinned here is the router's like any other: drains
+        move it, failover restores it from its checkpoints."""
         for snapshot in snapshots:
             entry = self.replicas.get(snapshot.replica_id)
             if entry is not None and entry.desc.incarnation == snapshot.incarnation:
@@ -57,30 +118,28 @@ class ClusterCalls:
             await self.opener.notify_room()
         return pinned
 
-    async def replica_handles(self) -> dict[str, Any]:
-        """The actor handle of every live replica, by id (gateways open sessions on them)."""
-        return self.replicas.live_handles()
+    async def forget(
+        self, session_ids: list[str], snapshot: PoolSnapshot | None, replica_id: str | None
+    ) -> None:
+        """Sessions a gateway released on their replica (``replica_id``) itself (close, stream
+        end), with the replica's snapshot after the release, so the table and the room for new
+        sessions follow at once. A session pinned to another replica by now (it moved) is kept."""
+        if snapshot is not None and snapshot.replica_id in self.replicas:
+            self.replicas[snapshot.replica_id].take(snapshot)
+        for sid in session_ids:
+            self.sessions.forget(sid, replica_id)
+        await self.opener.notify_room()
 
-    async def checkpoint_stores(self) -> dict[str, Any]:
-        """Every live replica's current checkpoint store, by replica id (a serve taking over the
-        deployment supervises them; a replacement's name is not the first store's)."""
-        return self.replicas.live_stores()
-
-    async def replace_checkpoint_store(self, replica_id: str, store: Any) -> bool:
+    def replace_checkpoint_store(self, replica_id: str, store: Any) -> bool:
         """``store`` now keeps ``replica_id``'s checkpoints (its failover reads them there); False
         when the replica is not a live one here (the caller ends ``store``)."""
-        entry = self.replicas.get(replica_id)
-        if entry is None or entry.health == ReplicaHealth.DEAD:
-            return False
-        if store != entry.checkpoints:
-            entry.checkpoints, entry.store_epoch = store, entry.store_epoch + 1
-        return True
+        return self.replicas.replace_store(replica_id, store)
 
-    async def retire_replica(self, replica_id: str) -> bool | ActorError:
+    def retire_replica(self, replica_id: str) -> bool | ActorError:
         """Forget a draining replica that holds no session, before the serve process stops it:
         it leaves ListReplicas and /metrics at once, never counted as dead, and may not register
         again. Refused (FAILED_PRECONDITION) while it is not draining or sessions are pinned to
-        it."""
+        it; False when it is not known."""
         entry = self.replicas.get(replica_id)
         if entry is None:
             return False

@@ -29,6 +29,7 @@ from typing import Any
 import ray
 
 from replica.api import ActorError, MigrationReason, StatusCode
+from replica.checkpoints.files import CheckpointFiles
 from router.call_errors import CallFailure, FailureKind, log_failure, object_lost
 from router.control.api import FailoverOutcome
 from router.control.blank_reopen import BlankReopen, unassigned
@@ -50,7 +51,10 @@ class Failover:
         wait_for_room: Callable[[float], Awaitable[None]],
         on_dead: Callable[[str, str], Awaitable[Any]],
         wait_s: float,
+        checkpoint_dir: str = "",
     ) -> None:
+        """``checkpoint_dir``: where the stores also write (``CheckpointFiles``; '': nowhere)."""
+        self.checkpoint_dir = checkpoint_dir
         self.replicas = replicas
         self.sessions = sessions
         self.migrator = migrator
@@ -105,18 +109,31 @@ class Failover:
                     ray.kill(entry.checkpoints, no_restart=True)
                 except Exception as exc:  # noqa: BLE001 - gone already
                     log.info("end of the checkpoint store of %s: %s", replica_id, exc)
+            if self.checkpoint_dir:  # its sessions are elsewhere now, or lost
+                await asyncio.to_thread(CheckpointFiles(self.checkpoint_dir, replica_id).remove)
 
     async def _checkpoints(
         self, entry: ReplicaEntry, ids: list[str]
     ) -> tuple[dict[str, Any], bool]:
-        """The checkpoints of ``ids`` the dead replica's store holds, and whether it answered."""
+        """The checkpoints of ``ids`` the dead replica's store holds, and whether it answered;
+        with ``checkpoint_dir``, those it does not hold (it died too, or a replacement had not
+        got them yet) from its files: each was written there before it was acknowledged."""
         if entry.checkpoints is None or not ids:
             return {}, False
+        found, answered = {}, False
         try:
-            return await entry.store.checkpoints(session_ids=ids, wait_s=STORE_WAIT_S), True
-        except Exception as exc:  # noqa: BLE001 - the store died too: nothing to restore
+            found = await entry.store.checkpoints(session_ids=ids, wait_s=STORE_WAIT_S)
+            answered = True
+        except Exception as exc:  # noqa: BLE001 - the store died too: its files may hold them
             log.error("checkpoint store unreachable: %s", exc)
-            return {}, False
+        missing = [sid for sid in ids if sid not in found]
+        if self.checkpoint_dir and missing:
+            files = CheckpointFiles(self.checkpoint_dir, entry.desc.replica_id)
+            records = await asyncio.to_thread(files.load_all, missing)
+            log.warning("%s: %d checkpoints read from files", entry.desc.replica_id, len(records))
+            found.update((sid, (r.sessions[0], [ray.put(r)])) for sid, r in records.items())
+            answered = True
+        return found, answered
 
     async def _restore(self, found: dict[str, Any], dead: str) -> dict[str, int]:
         """Import ``found`` (session id -> (meta, [checkpoint ref])) on live replicas; returns

@@ -20,7 +20,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from replica.actor_client import ReplicaClient
+from replica.actor.client import ReplicaClient
 from replica.api import ActorError, PoolSnapshot, ReleaseReason
 from router.control.api import ReplicaHealth
 from router.control.registry import ReplicaRegistry

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from replica.actor_client import ReplicaClient
+from replica.actor.client import ReplicaClient
 from replica.api import ActorError, Exported, Imported, MigrationReason, StatusCode
 from router.call_errors import CallFailure, FailureKind, log_failure, object_lost, retrying
 from router.control.api import ReplicaView

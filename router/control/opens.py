@@ -28,8 +28,9 @@ from cachetools import LRUCache
 from replica.api import ActorError, ReleaseReason, StatusCode
 from router.call_errors import CallFailure, FailureKind, log_failure
 from router.control.api import ReplicaView, Route
-from router.control.placement import choose_replica, room_report
+from router.control.placement import choose_replica
 from router.control.registry import ReplicaRegistry
+from router.control.room_report import room_report
 from router.control.table import BlankOpen, ReplicaEntry, SessionTable
 
 log = logging.getLogger(__name__)

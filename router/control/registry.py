@@ -5,8 +5,10 @@ keep no dict of their own) and the incarnations it has fenced: a replica declare
 retired, may not register again under the same incarnation (the serve process replaces it with
 a new one). Health moves only through its methods: ``register`` (HEALTHY), ``set_draining``
 (DRAINING, or HEALTHY again), ``mark_dead`` (DEAD, once; it fences the incarnation), and an
-entry leaves only by ``retire`` (drained and empty; fenced too) or ``forget_dead``. An entry's
-own figures (its latest snapshot, reservations, call error counts) are the entry's to keep.
+entry leaves only by ``retire`` (drained and empty; fenced too) or ``forget_dead``. Its
+checkpoint store changes only here too (``register``, ``replace_store``: each new store one
+store epoch more). An entry's own figures (its latest snapshot, reservations, call error counts)
+are the entry's to keep.
 """
 
 from __future__ import annotations
@@ -83,6 +85,16 @@ class ReplicaRegistry:
             entry.store_epoch += entry.checkpoints is not None  # a replacement it was not told of
             entry.checkpoints = checkpoints
         return entry
+
+    def replace_store(self, replica_id: str, store: Any) -> bool:
+        """``store`` now keeps the live replica's checkpoints (one store epoch more when it is
+        a new one); False when the replica is unknown or dead."""
+        entry = self._entries.get(replica_id)
+        if entry is None or entry.health == ReplicaHealth.DEAD:
+            return False
+        if store != entry.checkpoints:
+            entry.checkpoints, entry.store_epoch = store, entry.store_epoch + 1
+        return True
 
     def set_draining(self, entry: ReplicaEntry, draining: bool) -> None:
         """Drain or resume a live replica; a dead one stays dead (a drain call that was in

@@ -47,28 +47,29 @@ class ResponseStore:
 
 
 class ResponseStoreClient:
-    """Typed calls to the ``ResponseStore`` actor ``handle``."""
+    """Typed calls to the ``ResponseStore`` actor ``handle``: one method per remote method,
+    keyword arguments, the store's own result types."""
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
 
-    async def put(self, record: StoredResponse) -> Release:
-        return await self.handle.put.remote(record)
+    async def put(self, *, record: StoredResponse) -> Release:
+        return await self.handle.put.remote(record=record)
 
-    async def get(self, response_id: str, tenant: str) -> StoredResponse | None:
-        return await self.handle.get.remote(response_id, tenant)
+    async def get(self, *, response_id: str, tenant: str) -> StoredResponse | None:
+        return await self.handle.get.remote(response_id=response_id, tenant=tenant)
 
-    async def delete(self, response_id: str, tenant: str) -> tuple[bool, Release]:
-        return await self.handle.delete.remote(response_id, tenant)
+    async def delete(self, *, response_id: str, tenant: str) -> tuple[bool, Release]:
+        return await self.handle.delete.remote(response_id=response_id, tenant=tenant)
 
-    async def forget_state(self, response_id: str) -> None:
-        await self.handle.forget_state.remote(response_id)
+    async def forget_state(self, *, response_id: str) -> None:
+        await self.handle.forget_state.remote(response_id=response_id)
 
     async def sweep(self) -> Release:
         return await self.handle.sweep.remote()
 
-    async def ids(self, tenant: str) -> list[str]:
-        return await self.handle.ids.remote(tenant)
+    async def ids(self, *, tenant: str) -> list[str]:
+        return await self.handle.ids.remote(tenant=tenant)
 
     async def stats(self) -> StoredCounts:
         return await self.handle.stats.remote()

@@ -1,17 +1,18 @@
 """``SessionRouter``: the one named actor that pins every session to the replica holding it.
 
 It owns the session table (session_id -> replica, tenant, last_active) and the replica registry
-(``router.control.registry``: handle, latest ``PoolSnapshot``, health), which it hands to each of
-its collaborators. It places new sessions by real free capacity
+(``router.control.registry``: handle, latest ``PoolSnapshot``, health), and builds the parts that
+do its work, each given what it uses; every remote method is one method here (Ray needs it on the
+class), handed to the part whose work it is. It places new sessions by free room
 (``router.control.placement``), waits up to ``open_timeout_s`` (or the caller's deadline) for
-room, and leaves no session behind for a caller that has gone (``router.control.opens``). It
+it, and leaves no session behind for a caller that has gone (``router.control.opens``). It
 detects dead replicas (failed calls, a replica's report that its engine died, stale snapshots and
 failed pings: ``router.control.health``). A session's state lives only on its replica: the
 router routes a session elsewhere only when its state moves too (``router.control.migration``:
 drain with migration, MigrateSession); a route asked for while its session moves waits for the
-move. A session whose replica died is answered ABORTED.
-After its own restart the router rebuilds its table from the replicas, which re-register with
-the sessions they hold when their next snapshot report is not recognised.
+move. A session whose replica died is answered ABORTED. After its own restart the router
+rebuilds its table from the replicas, which re-register with their sessions when their next
+snapshot report is not recognised.
 """
 
 from __future__ import annotations
@@ -21,19 +22,9 @@ import logging
 import secrets
 from typing import Any
 
-from replica.actor_client import ReplicaClient
-from replica.api import (
-    ActorError,
-    PoolSnapshot,
-    ReleaseReason,
-    ReplicaDescription,
-    StatusCode,
-    clip_id,
-    replica_lost_message,
-)
+from replica.api import ActorError, PoolSnapshot, ReplicaDescription
 from router.config import RouterConfig
-from router.control.admin_calls import AdminCalls
-from router.control.api import FailoverOutcome, ReplicaHealth, ReplicaView, Route
+from router.control.api import Drained, FailoverOutcome, ReplicaView, Route
 from router.control.cluster_calls import ClusterCalls
 from router.control.drain import Drainer
 from router.control.failover import Failover
@@ -42,19 +33,22 @@ from router.control.health import HealthWatch
 from router.control.migration import Migrator
 from router.control.opens import Opener
 from router.control.registry import ReplicaRegistry
-from router.control.table import BlankOpen, SessionState, SessionTable
+from router.control.routing import Routing
+from router.control.table import SessionTable
 
 log = logging.getLogger(__name__)
 
 
-class SessionRouter(AdminCalls, ClusterCalls):
+class SessionRouter:
     def __init__(self, config: RouterConfig | None = None) -> None:
         config = config or RouterConfig()
         self.replicas = ReplicaRegistry()
         self.sessions = SessionTable()
+        self.routing = Routing(self.replicas, self.sessions)
         self.opener = Opener(
             self.replicas, self.sessions, self._view, self._declare_dead, config.open_timeout_s
         )
+        self.cluster = ClusterCalls(self.replicas, self.sessions, self.opener)
         self.health = HealthWatch(
             self.replicas,
             self._declare_dead,
@@ -70,6 +64,7 @@ class SessionRouter(AdminCalls, ClusterCalls):
             self.opener.wait_for_room,
             self._declare_dead,
             config.open_timeout_s,
+            config.checkpoint_dir,
         )
         self.drainer = Drainer(
             self.replicas,
@@ -79,13 +74,21 @@ class SessionRouter(AdminCalls, ClusterCalls):
             config.drain_timeout_s,
         )
         self.forks = Forks(
-            self.replicas, self.sessions, self.route, self.opener, config.open_timeout_s
+            self.replicas, self.sessions, self.routing.route, self.opener, config.open_timeout_s
         )
         self._health_task: asyncio.Task | None = None
 
     def _start(self) -> None:
         if self._health_task is None:
             self._health_task = asyncio.get_running_loop().create_task(self.health.run())
+
+    def _view(self, replica_id: str) -> ReplicaView:
+        pinned = self.sessions.pinned_to(replica_id)
+        moving = self.migrator.claims.moving[replica_id]
+        return self.replicas[replica_id].view(replica_id, pinned, moving)
+
+    async def _declare_dead(self, replica_id: str, why: str) -> None:
+        await self.replica_failed(replica_id, why, wait=False)
 
     # ----- replicas -----------------------------------------------------------------------
 
@@ -99,48 +102,16 @@ class SessionRouter(AdminCalls, ClusterCalls):
         checkpoints: Any = None,
         blank: dict[str, float] | None = None,
     ) -> None:
-        """Add or refresh a replica, adopting the sessions it says it holds (id -> tenant);
-        ``checkpoints`` is its checkpoint store, when it has one; ``blank`` those sessions that
-        hold nothing yet, with their idle timeouts (a failover may open them again, empty).
-
-        A replica declared dead stays dead (the serve process kills and replaces it): if it
-        turns out to be alive, its sessions, whose clients were told ABORTED, are released."""
+        """``ClusterCalls.register_replica``."""
         self._start()
-        tenants = dict(tenants or {})
-        if self.replicas.is_fenced(desc.incarnation):
-            if tenants:
-                log.warning(
-                    "replica %s came back after it was declared dead; releasing its %d sessions",
-                    replica_id,
-                    len(tenants),
-                )
-                await ReplicaClient(handle).close_sessions(
-                    session_ids=list(tenants), reason=ReleaseReason.REPLICA_LOST
-                )
-            return
-        entry = self.replicas.register(replica_id, handle, desc, checkpoints)
-        if snapshot is not None:
-            entry.take(snapshot)
-        blank = blank or {}
-        for sid, tenant in tenants.items():
-            empty = BlankOpen(blank[sid], entry.store_epoch) if sid in blank else None
-            self.sessions.pin(sid, replica_id, tenant, empty)
-        log.info("replica %s registered with %d sessions", replica_id, len(tenants))
-        await self.opener.notify_room()
+        await self.cluster.register_replica(
+            replica_id, handle, desc, dict(tenants or {}), snapshot, checkpoints, blank or {}
+        )
 
     async def report(self, snapshot: PoolSnapshot, released: list[str]) -> bool:
-        """A replica's periodic snapshot; False when the replica must register (again)."""
+        """``ClusterCalls.report``: False when the replica must register (again)."""
         self._start()
-        entry = self.replicas.get(snapshot.replica_id)
-        if entry is None or entry.desc.incarnation != snapshot.incarnation:
-            return False
-        entry.take(snapshot)
-        if entry.health == ReplicaHealth.DEAD:
-            return False
-        for sid in released:
-            self.sessions.released_by(sid, snapshot.replica_id)
-        await self.opener.notify_room()
-        return True
+        return await self.cluster.report(snapshot, released)
 
     async def replica_failed(self, replica_id: str, why: str, wait: bool = True) -> FailoverOutcome:
         """Mark a replica dead (once) and restore its sessions elsewhere from their checkpoints
@@ -152,18 +123,38 @@ class SessionRouter(AdminCalls, ClusterCalls):
             self.failover.start(replica_id)
         return await self.failover.outcome(replica_id) if wait else FailoverOutcome()
 
-    async def _declare_dead(self, replica_id: str, why: str) -> None:
-        await self.replica_failed(replica_id, why, wait=False)
-
-    def _view(self, replica_id: str) -> ReplicaView:
-        pinned, moving = (
-            self.sessions.pinned_to(replica_id),
-            self.migrator.claims.moving[replica_id],
-        )
-        return self.replicas[replica_id].view(replica_id, pinned, moving)
-
     async def views(self) -> list[ReplicaView]:
         return [self._view(rid) for rid in sorted(self.replicas)]
+
+    async def replica_handles(self) -> dict[str, Any]:
+        """The actor handle of every live replica, by id (gateways open sessions on them)."""
+        return self.replicas.live_handles()
+
+    async def checkpoint_stores(self) -> dict[str, Any]:
+        """Every live replica's current checkpoint store, by replica id (a serve taking over the
+        deployment supervises them; a replacement's name is not the first store's)."""
+        return self.replicas.live_stores()
+
+    async def replace_checkpoint_store(self, replica_id: str, store: Any) -> bool:
+        """``ClusterCalls.replace_checkpoint_store``."""
+        return self.cluster.replace_checkpoint_store(replica_id, store)
+
+    async def retire_replica(self, replica_id: str) -> bool | ActorError:
+        """``ClusterCalls.retire_replica``."""
+        return self.cluster.retire_replica(replica_id)
+
+    async def drain(
+        self, replica_id: str, migrate: bool = False, timeout_s: float | None = None
+    ) -> Drained | ActorError:
+        """Drain a replica: it takes no new session; with ``migrate`` its sessions move to
+        the other replicas, and the answer comes when it holds none (``sessions_left`` 0: it
+        can be stopped) or ``timeout_s`` (default ``drain_timeout_s``) has passed, with how many
+        are left; the replica stays DRAINING until ``resume`` (``router.control.drain``)."""
+        return await self.drainer.drain(replica_id, migrate, timeout_s)
+
+    async def resume(self, replica_id: str) -> ReplicaView | ActorError:
+        """Undo a drain: the replica takes new sessions again."""
+        return await self.drainer.resume(replica_id)
 
     # ----- sessions -----------------------------------------------------------------------
 
@@ -189,7 +180,7 @@ class SessionRouter(AdminCalls, ClusterCalls):
         self._start()
         session_id = session_id or secrets.token_hex(16)
         if session_id not in self.opener.running and session_id in self.sessions:
-            return await self._with_info(await self.route(session_id, tenant))
+            return await self.routing.route_with_info(session_id, tenant)
         return await self.opener.open(
             session_id, idle_timeout_s, tenant, gateway_id, wait_s, lease_s, prefix
         )
@@ -207,7 +198,7 @@ class SessionRouter(AdminCalls, ClusterCalls):
         ``abandon_open`` like an open."""
         self._start()
         if child_id in self.sessions:
-            return await self._with_info(await self.route(child_id, tenant))
+            return await self.routing.route_with_info(child_id, tenant)
         return await self.forks.fork(parent_id, child_id, tenant, gateway_id, wait_s)
 
     async def abandon_open(self, session_id: str) -> None:
@@ -217,24 +208,31 @@ class SessionRouter(AdminCalls, ClusterCalls):
 
     async def route(self, session_id: str, tenant: str | None = "") -> Route | ActorError:
         """Where the session lives (waiting while it moves), for ``tenant`` (None: an admin,
-        who may route any tenant's session)."""
-        session = self.sessions.get(session_id)
-        while session is not None and session.moving is not None and not session.moving.done():
-            await asyncio.shield(session.moving)
-            session = self.sessions.get(session_id)
-        if session is None:
-            return ActorError(
-                StatusCode.NOT_FOUND, f"session {clip_id(session_id)} is not open; open a new one"
-            )
-        if session.state == SessionState.ABORTED:
-            return ActorError(StatusCode.ABORTED, replica_lost_message(session_id))
-        if tenant is not None and session.tenant and session.tenant != tenant:
-            return ActorError(
-                StatusCode.PERMISSION_DENIED,
-                f"session {clip_id(session_id)} belongs to another tenant",
-            )
-        entry = self.replicas[session.replica_id]
-        return Route(session_id, session.replica_id, entry.handle, tenant=session.tenant)
+        who may route any tenant's session): ``Routing.route``."""
+        return await self.routing.route(session_id, tenant)
+
+    async def migrate_session(
+        self, session_id: str, target_replica_id: str = "", wait_s: float | None = None
+    ) -> Route | ActorError:
+        """Move one session to ``target_replica_id`` (empty: placement chooses); a running
+        turn ends first (waiting at most ``wait_s``, default ``drain_timeout_s``). Answers the
+        session's new route, with its facts."""
+        return await self.drainer.migrate_session(
+            session_id,
+            target_replica_id or None,
+            wait_s,
+            self.routing.route,
+            self.routing.with_info,
+        )
+
+    async def update_sessions(
+        self,
+        pins: list[tuple[str, str, str, float | None]],
+        forgets: list[tuple[str, str]],
+        snapshots: list[PoolSnapshot],
+    ) -> list[bool]:
+        """``ClusterCalls.update_sessions``: per pin, whether it was pinned."""
+        return await self.cluster.update_sessions(pins, forgets, snapshots)
 
     async def forget(
         self,
@@ -242,15 +240,8 @@ class SessionRouter(AdminCalls, ClusterCalls):
         snapshot: PoolSnapshot | None = None,
         replica_id: str | None = None,
     ) -> None:
-        """Gateways release sessions on their replica (``replica_id``) directly (close, stream
-        end), then report them here with the replica's snapshot after the release, so the table
-        and the room for new sessions follow at once. A session pinned to another replica by
-        now (it moved) is not forgotten."""
-        if snapshot is not None and snapshot.replica_id in self.replicas:
-            self.replicas[snapshot.replica_id].take(snapshot)
-        for sid in session_ids:
-            self.sessions.forget(sid, replica_id)
-        await self.opener.notify_room()
+        """``ClusterCalls.forget``: sessions a gateway released on their replica itself."""
+        await self.cluster.forget(session_ids, snapshot, replica_id)
 
     async def session_count(self) -> int:
         return len(self.sessions)

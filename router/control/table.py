@@ -21,7 +21,7 @@ from typing import Any
 
 from cachetools import LRUCache
 
-from replica.actor_client import ReplicaClient
+from replica.actor.client import ReplicaClient
 from replica.api import PoolSnapshot, ReplicaDescription
 from replica.checkpoints.store_client import CheckpointStoreClient
 from router.control.api import ReplicaHealth, ReplicaView

@@ -19,7 +19,6 @@ go out as one message (``router.gateway.inbox``).
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -33,10 +32,11 @@ from router.gateway.converse_inputs import (
     ClientInterrupt,
     PendingInputs,
 )
-from router.gateway.convert import Refused, check, session_to_proto
+from router.gateway.convert import Refused, check, session_to_proto, turn_of
 from router.gateway.gateway import Gateway
 from router.gateway.inbox import Piece, ReplicaLost, pieces
 from router.gateway.stream_leases import LEASE_S
+from router.gateway.turn_streams import TurnStream
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,11 +50,9 @@ class Conversation:
         self.requests = requests
         self.context = context
         self.route: Route | None = None
-        self.inbox = None
+        self.stream: TurnStream | None = None
         self.reader: asyncio.Task | None = None
         self.live: dict[int, str] = {}  # turns whose chunks we still forward -> their replica
-        self.started = 0.0  # when the latest turn was submitted
-        self.first_token = False  # its first token is still to come
 
     async def run(self) -> AsyncIterator[pb.ConverseResponse]:
         tenant = self.gw.tenant(self.context)
@@ -65,15 +63,15 @@ class Conversation:
             first.open, tenant, self.context.time_remaining(), LEASE_S
         )
         self.gw.leases.hold(route)
-        inbox = self.inbox = self.gw.delivery.claim(route)
+        stream = self.stream = self.gw.turns.claim(route)
         yield pb.ConverseResponse(
             opened=session_to_proto(route.session_id, route.replica_id, route.info)
         )
-        pending = PendingInputs(lambda: inbox.put(ClientReady()))
+        pending = PendingInputs(lambda: stream.put(ClientReady()))
         self.reader = asyncio.get_running_loop().create_task(self._read(pending))
         half_closed = False
         while not (half_closed and not self.live):
-            for item in pieces(await inbox.take()):
+            for item in pieces(await stream.take()):
                 match item:
                     case ClientReady():
                         for message in pending.take():
@@ -84,10 +82,7 @@ class Conversation:
                     case Piece() as piece if piece.turn_id in self.live or piece.turn_id == -1:
                         if piece.end is not None:
                             self.live.pop(piece.turn_id, None)
-                        yield pb.ConverseResponse(
-                            chunk=self.gw.chunk(piece, self.started, self.first_token)
-                        )
-                        self.first_token = self.first_token and not piece.token_ids
+                        yield pb.ConverseResponse(chunk=stream.chunk(piece))
 
     async def _act(self, message) -> bool:
         """Act on one of the client's messages, in order; True when it is the half-close."""
@@ -102,10 +97,9 @@ class Conversation:
             )
             self._moved(route)
         if isinstance(message, ClientInput):
-            route, turn_id = await self.gw.submit(self.route, message.request)
-            self._moved(route)
-            self.live[turn_id] = route.replica_id
-            self.started, self.first_token = time.perf_counter(), True
+            turn_id = await self.stream.submit(*turn_of(message.request))
+            self._moved(self.stream.route)
+            self.live[turn_id] = self.stream.route.replica_id
         return False
 
     def _moved(self, route: Route) -> None:
@@ -113,7 +107,7 @@ class Conversation:
         if route.replica_id != self.route.replica_id:
             self.route = route
             self.gw.leases.hold(route)
-            self.gw.delivery.move(self.inbox, route)
+        self.stream.follow(route)
 
     def _concerns(self, lost: ReplicaLost) -> bool:
         """Whether the session was on the replica that ended, or a turn of ours ran there."""
@@ -176,7 +170,7 @@ class Conversation:
             self.reader.cancel()
         if self.route is not None:
             self.gw.leases.drop(self.route.session_id)
-            if self.inbox is not None:
-                self.gw.delivery.release(self.inbox)
+            if self.stream is not None:
+                self.stream.release()
             self.gw.background.spawn(self.gw.release(self.route, ReleaseReason.STREAM_ENDED))
             self.route = None

@@ -16,6 +16,7 @@ from router.control.api import ReplicaView
 from router.gateway.inbox import Piece
 
 MAX_STOP_TOKENS = 64
+MAX_TEXT_BYTES = 1 << 20  # of a turn's text, or of an open's prefix text
 
 
 class Refused(Exception):
@@ -62,6 +63,16 @@ def turn_input(msg: pb.GenerateRequest) -> tuple[str | None, list[int] | None]:
     if kind == "tokens":
         return None, list(msg.tokens.ids)
     return None, []
+
+
+def turn_of(msg: pb.GenerateRequest) -> tuple[str | None, list[int] | None, SamplingParams]:
+    """A turn in the replicas' terms: its text or token ids, and its sampling (``Refused``
+    INVALID_ARGUMENT for parameters out of range)."""
+    try:
+        sampling = sampling_from_proto(msg.sampling)
+    except InvalidRequestError as exc:
+        raise Refused(StatusCode.INVALID_ARGUMENT, str(exc)) from None
+    return *turn_input(msg), sampling
 
 
 def open_prefix(msg: pb.OpenSessionRequest) -> str | list[int] | None:

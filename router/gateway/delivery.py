@@ -4,21 +4,31 @@ Token delivery costs no Ray round trip per token: for each replica the gateway k
 long-lived ``stream_outputs`` call whose items carry everything the engine produced for this
 gateway's sessions since the last item (``replica.api.DeliveryEntry``); the pump hands each entry
 to the inbox of its session (``router.gateway.inbox``), if a call of this gateway streams that
-session now, and does nothing else per token. When a replica's stream breaks,
-``on_lost(replica_id, why)`` is called; when it ends (the replica shut down),
-``on_ended(replica_id)``. The gateway then ends every waiting call of that replica's sessions
-(``router.gateway.follow``), so no client hangs on a turn that will never end. A call whose
-session moved (``move``) waits on its new replica; news of the old one no longer concerns it.
+session now, and does nothing else per token. A call whose session moved (``move``) waits on
+its new replica; news of the old one no longer concerns it.
+
+The calls streaming a session follow it when its old replica ends, so no client hangs on a turn
+that will never end: one that died (its stream broke, or ``replica_lost`` from any failed call:
+the router is told, and its failover says which sessions were restored elsewhere from their
+checkpoints) or one that was drained and stopped (its stream ended: ``replica_ended``,
+autoscaling). What this gateway knows of that replica (routes, batched calls) goes, and each call
+streaming a session from it gets ``router.gateway.inbox.ReplicaLost``: where the session goes on
+elsewhere (restored, or moved off before), at its committed tokens, a turn in flight there ends
+UNAVAILABLE (Generate: retry it) or INTERRUPTED (Converse, which goes on); where its state is
+gone, ABORTED.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 
+from replica.api import ActorError
 from router.control.api import Route
-from router.gateway.inbox import Inbox
+from router.control.client import RouterClient
+from router.gateway.inbox import Inbox, ReplicaLost
+from router.gateway.replica_calls import ReplicaCallsByReplica
+from router.gateway.route_cache import RouteCache
 
 log = logging.getLogger(__name__)
 
@@ -27,12 +37,14 @@ class Delivery:
     def __init__(
         self,
         gateway_id: str,
-        on_lost: Callable[[str, str], Awaitable[None]],
-        on_ended: Callable[[str], Awaitable[None]],
+        router: RouterClient,
+        routes: RouteCache,
+        calls: ReplicaCallsByReplica,
     ) -> None:
         self.gateway_id = gateway_id
-        self.on_lost = on_lost
-        self.on_ended = on_ended
+        self.router = router
+        self.routes = routes
+        self.calls = calls
         self._inboxes: dict[str, Inbox] = {}
         self._pumps: dict[str, asyncio.Task] = {}
 
@@ -72,12 +84,12 @@ class Delivery:
                     inbox = inboxes.get(sid)
                     if inbox is not None:
                         inbox.put(entry)
-            await self.on_ended(route.replica_id)
+            await self.replica_ended(route.replica_id)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the replica died
             log.error("output stream of replica %s broke: %s", route.replica_id, exc)
-            await self.on_lost(route.replica_id, f"output stream broke: {type(exc).__name__}")
+            await self.replica_lost(route.replica_id, f"output stream broke: {type(exc).__name__}")
 
     def streaming_on(self, replica_id: str) -> list[Inbox]:
         """The inboxes of this gateway's calls streaming sessions of ``replica_id``, now or
@@ -87,6 +99,50 @@ class Delivery:
             for inbox in self._inboxes.values()
             if inbox.replica_id == replica_id or replica_id in inbox.left
         ]
+
+    async def replica_lost(self, replica_id: str, why: str) -> None:
+        """This gateway saw a replica fail: tell the router, then end the calls streaming its
+        sessions here as the router's failover says (restored elsewhere, or gone)."""
+        self._forget_calls(replica_id)
+        outcome = await self.router.replica_failed(replica_id=replica_id, why=why)
+        await self._end_streams_on(
+            replica_id, {} if isinstance(outcome, ActorError) else outcome.restored
+        )
+
+    async def replica_ended(self, replica_id: str) -> None:
+        """A replica's output stream ended: it shut down (drained and stopped), so the sessions
+        still streamed from it here had moved away, or are gone with it."""
+        log.info("replica %s shut down: its output stream ended", replica_id)
+        self._forget_calls(replica_id)
+        await self._end_streams_on(replica_id, {})
+
+    def _forget_calls(self, replica_id: str) -> None:
+        self.routes.drop_replica(replica_id)
+        self.calls.forget(replica_id)
+
+    async def _end_streams_on(self, replica_id: str, restored: dict[str, int]) -> None:
+        """End the calls streaming sessions of ``replica_id``, which ended: a turn in flight
+        there will never end. Each session goes on where the router has it now, at its
+        committed tokens (``restored`` from its checkpoint, session id -> committed tokens, or
+        moved off before, read from its new replica), or its state is gone."""
+        for inbox in self.streaming_on(replica_id):
+            committed = restored.get(inbox.session_id)
+            if committed is None:
+                committed = await self._committed_elsewhere(inbox.session_id, replica_id)
+            inbox.put(ReplicaLost(replica_id, committed))
+
+    async def _committed_elsewhere(self, session_id: str, replica_id: str) -> int | None:
+        """The committed tokens of a session the router has on another replica than
+        ``replica_id``; None when it has none (the session is gone)."""
+        where = await self.router.route(session_id=session_id, tenant=None)
+        if not isinstance(where, Route) or where.replica_id == replica_id:
+            return None
+        try:
+            info = await where.replica.get_session(session_id=session_id)
+        except Exception as exc:  # noqa: BLE001 - that replica is going too: the state is gone
+            log.info("session %s on %s: %s", session_id, where.replica_id, exc)
+            return None
+        return None if isinstance(info, ActorError) else info.committed_tokens
 
     def stop(self) -> None:
         for task in self._pumps.values():

@@ -1,4 +1,4 @@
-"""``Following``: the gateway's calls to a session's replica, following the session when it moves.
+"""``Follower``: the gateway's calls to a session's replica, following the session when it moves.
 
 A gateway caches each session's route, so after a migration (drain, MigrateSession) or a
 failover its cached route may name a replica the session has left. Such a replica answers
@@ -7,15 +7,8 @@ has gone, or has died. Each of these makes the gateway drop the cached route and
 which waits while the session moves and answers where it is now; the call is then made there.
 The client sees none of it: a turn that arrives while its session moves waits and runs on the
 new replica. Only when the router, too, no longer knows the session (NOT_FOUND) or knows its
-state is gone (ABORTED) is that the answer.
-
-The calls streaming a session follow it too when its old replica ends: one that died
-(``replica_lost``: the router's failover says which sessions were restored elsewhere from their
-checkpoints) or one that was drained and stopped (``replica_ended``, autoscaling). Each call
-streaming a session from it gets ``router.gateway.inbox.ReplicaLost``: where the session goes
-on elsewhere (restored, or moved off before), at its committed tokens, a turn in flight there
-ends UNAVAILABLE (Generate: retry it) or INTERRUPTED (Converse, which goes on); where its state is
-gone, ABORTED. Mixed into ``Gateway``.
+state is gone (ABORTED) is that the answer. A replica found dead on the way is reported lost
+(``Delivery.replica_lost``: the calls streaming its sessions follow them too).
 """
 
 from __future__ import annotations
@@ -28,12 +21,10 @@ from typing import Any
 from replica.api import ActorError, ReleaseReason, StatusCode
 from router.call_errors import CallFailure, FailureKind, log_failure, retrying
 from router.control.api import Route
-from router.control.client import RouterClient
 from router.gateway.background import Background
 from router.gateway.cluster_view import ClusterView
 from router.gateway.convert import Refused, check
 from router.gateway.delivery import Delivery
-from router.gateway.inbox import ReplicaLost
 from router.gateway.metrics import GatewayMetrics
 from router.gateway.replica_calls import ReplicaCallsByReplica
 from router.gateway.route_cache import RouteCache
@@ -46,15 +37,24 @@ STILL_MOVING_S = 0.05  # the router has re-pinned the session; its old replica n
 FOLLOWED = (StatusCode.UNAVAILABLE, StatusCode.NOT_FOUND)
 
 
-class Following:
-    routes: RouteCache
-    router: RouterClient
-    background: Background
-    calls: ReplicaCallsByReplica
-    cluster: ClusterView
-    updates: RouterUpdates
-    delivery: Delivery
-    metrics: GatewayMetrics
+class Follower:
+    def __init__(
+        self,
+        routes: RouteCache,
+        calls: ReplicaCallsByReplica,
+        cluster: ClusterView,
+        updates: RouterUpdates,
+        delivery: Delivery,
+        background: Background,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self.routes = routes
+        self.calls = calls
+        self.cluster = cluster
+        self.updates = updates
+        self.delivery = delivery
+        self.background = background
+        self.metrics = metrics
 
     async def relocate(self, route: Route) -> Route | ActorError:
         """Where ``route``'s session is now, asked of the router (which waits while it moves)."""
@@ -74,7 +74,9 @@ class Following:
                 failure = self.call_failed(what, route.replica_id, exc)
                 if failure.kind is not FailureKind.DEAD:
                     raise Refused(failure.status(), failure.message()) from None
-                await self.replica_lost(route.replica_id, f"{what} failed: {failure.cause}")
+                await self.delivery.replica_lost(
+                    route.replica_id, f"{what} failed: {failure.cause}"
+                )
                 result = ActorError(StatusCode.UNAVAILABLE, f"replica {route.replica_id} died")
             if not (isinstance(result, ActorError) and result.code in FOLLOWED):
                 return route, check(result)
@@ -121,53 +123,3 @@ class Following:
         log_failure(log, failure)
         self.metrics.replica_call_failed(method, failure.kind.value)
         return failure
-
-    # ----- replicas that end ------------------------------------------------------------------
-
-    async def replica_lost(self, replica_id: str, why: str) -> None:
-        """This gateway saw a replica fail: tell the router, then end the calls streaming its
-        sessions here as the router's failover says (restored elsewhere, or gone)."""
-        self._forget_calls(replica_id)
-        outcome = await self.router.replica_failed(replica_id=replica_id, why=why)
-        await self._end_streams_on(
-            replica_id, {} if isinstance(outcome, ActorError) else outcome.restored
-        )
-
-    async def replica_ended(self, replica_id: str) -> None:
-        """A replica's output stream ended: it shut down (drained and stopped), so the sessions
-        still streamed from it here had moved away, or are gone with it."""
-        log.info("replica %s shut down: its output stream ended", replica_id)
-        self._forget_calls(replica_id)
-        await self._end_streams_on(replica_id, {})
-
-    def _forget_replica(self, replica_id: str) -> None:
-        """The router lists the replica dead: what this gateway knows of it goes."""
-        self.background.spawn(self.replica_lost(replica_id, "the router lists it dead"))
-
-    def _forget_calls(self, replica_id: str) -> None:
-        self.routes.drop_replica(replica_id)
-        self.calls.forget(replica_id)
-
-    async def _end_streams_on(self, replica_id: str, restored: dict[str, int]) -> None:
-        """End the calls streaming sessions of ``replica_id``, which ended: a turn in flight
-        there will never end. Each session goes on where the router has it now, at its
-        committed tokens (``restored`` from its checkpoint, session id -> committed tokens, or
-        moved off before, read from its new replica), or its state is gone."""
-        for inbox in self.delivery.streaming_on(replica_id):
-            committed = restored.get(inbox.session_id)
-            if committed is None:
-                committed = await self._committed_elsewhere(inbox.session_id, replica_id)
-            inbox.put(ReplicaLost(replica_id, committed))
-
-    async def _committed_elsewhere(self, session_id: str, replica_id: str) -> int | None:
-        """The committed tokens of a session the router has on another replica than
-        ``replica_id``; None when it has none (the session is gone)."""
-        where = await self.router.route(session_id=session_id, tenant=None)
-        if not isinstance(where, Route) or where.replica_id == replica_id:
-            return None
-        try:
-            info = await where.replica.get_session(session_id=session_id)
-        except Exception as exc:  # noqa: BLE001 - that replica is going too: the state is gone
-            log.info("session %s on %s: %s", session_id, where.replica_id, exc)
-            return None
-        return None if isinstance(info, ActorError) else info.committed_tokens

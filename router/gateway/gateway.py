@@ -3,9 +3,10 @@
 It builds what it owns: the router client, the route cache, token delivery, the cached view of
 the cluster, the batched calls to the replicas and the router, the opens in one hop and the
 background cleanups. A turn costs one actor call to submit (the route is cached); its events come
-back through ``Delivery``. Calls about a session follow it when it has moved, and the calls
-streaming it when its replica ends (``router.gateway.follow``). Refusals are raised as
-``Refused`` with the status code and a message that says what to do.
+back through ``Delivery``, and every call streams turns through ``TurnStreams``. Calls about a
+session follow it when it has moved (``Follower``), and the calls streaming it when its replica
+ends (``Delivery``). Refusals are raised as ``Refused`` with the status code and a message that
+says what to do.
 """
 
 from __future__ import annotations
@@ -13,49 +14,34 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
 
 from protos import session_router_pb2 as pb
-from replica.api import (
-    ActorError,
-    InvalidRequestError,
-    ReleaseReason,
-    SamplingParams,
-    StatusCode,
-)
+from replica.api import ActorError, ReleaseReason, StatusCode
 from router.control.api import Route
 from router.control.client import RouterClient
 from router.gateway.auth import ApiKeys, Caller, Unauthenticated
 from router.gateway.background import Background
 from router.gateway.cluster_view import ClusterView
-from router.gateway.convert import (
-    Refused,
-    check,
-    chunk_from_piece,
-    open_prefix,
-    sampling_from_proto,
-    turn_input,
-)
+from router.gateway.convert import MAX_TEXT_BYTES, Refused, check, open_prefix
 from router.gateway.delivery import Delivery
 from router.gateway.direct_opens import DirectOpener
-from router.gateway.follow import Following
-from router.gateway.inbox import Piece
+from router.gateway.follow import Follower
 from router.gateway.metrics import GatewayMetrics
 from router.gateway.replica_calls import ReplicaCallsByReplica
 from router.gateway.route_cache import RouteCache
 from router.gateway.router_updates import RouterUpdates
 from router.gateway.stream_leases import LeaseRenewer
+from router.gateway.turn_streams import TurnStreams
 
 log = logging.getLogger(__name__)
 
-MAX_TEXT_BYTES = 1 << 20
 
-
-class Gateway(Following):
+class Gateway:
     def __init__(self, router: Any, keys: ApiKeys, metrics: GatewayMetrics) -> None:
         self.gateway_id = f"gw-{uuid.uuid4().hex[:12]}"
         self.keys = keys
@@ -63,19 +49,31 @@ class Gateway(Following):
         self.background = Background()
         self.router = RouterClient(router)
         self.routes = RouteCache(self.router)
-        self.delivery = Delivery(self.gateway_id, self.replica_lost, self.replica_ended)
-        self.cluster = ClusterView(self.router, on_dead=self._forget_replica)
-        self.leases = LeaseRenewer(self.relocate)
         self.calls = ReplicaCallsByReplica(self.gateway_id)
+        self.delivery = Delivery(self.gateway_id, self.router, self.routes, self.calls)
+        self.cluster = ClusterView(self.router, on_dead=self._listed_dead)
         self.updates = RouterUpdates(self.router)
+        self.follower = Follower(
+            self.routes,
+            self.calls,
+            self.cluster,
+            self.updates,
+            self.delivery,
+            self.background,
+            self.metrics,
+        )
+        self.turns = TurnStreams(
+            self.delivery, self.follower, self.calls, self.background, self.metrics
+        )
+        self.leases = LeaseRenewer(self.follower.relocate)
         self.direct = DirectOpener(
             self.gateway_id,
             self.cluster,
             self.calls,
             self.updates,
             self.background,
-            self.replica_lost,
-            self.call_failed,
+            self.delivery.replica_lost,
+            self.follower.call_failed,
         )
 
     async def start(self) -> None:
@@ -208,38 +206,19 @@ class Gateway(Following):
         self.delivery.watch(route)
         return route
 
-    async def submit(self, route: Route, request: pb.GenerateRequest) -> tuple[Route, int]:
-        """Queue a turn where the session is; returns the route it went to and its turn id."""
-        text, ids = turn_input(request)
-        try:
-            sampling = sampling_from_proto(request.sampling)
-        except InvalidRequestError as exc:
-            raise Refused(StatusCode.INVALID_ARGUMENT, str(exc)) from None
-        return await self.submit_turn(route, text, ids, sampling)
+    async def on_session(
+        self, route: Route, what: str, make: Callable[[Route], Awaitable[Any]]
+    ) -> tuple[Route, Any]:
+        """``Follower.on_session``: an actor call about a session, made where the session is."""
+        return await self.follower.on_session(route, what, make)
 
-    async def submit_turn(
-        self, route: Route, text: str | None, ids: list[int] | None, sampling: SamplingParams
-    ) -> tuple[Route, int]:
-        """``submit`` of a turn already in the replicas' terms (text or token ids)."""
-        if text is not None and len(text.encode("utf-8", "surrogatepass")) > MAX_TEXT_BYTES:
-            raise Refused(StatusCode.INVALID_ARGUMENT, f"text longer than {MAX_TEXT_BYTES} bytes")
-        return await self.on_session(
-            route,
-            "submit_turns",
-            lambda r: self.calls.of(r.replica_id, r.handle).submit(
-                (r.session_id, text, ids, sampling)
-            ),
-        )
+    async def relocate(self, route: Route) -> Route | ActorError:
+        """``Follower.relocate``: where ``route``'s session is now, asked of the router."""
+        return await self.follower.relocate(route)
 
-    def chunk(self, piece: Piece, started: float, first: bool) -> pb.GenerateChunk:
-        """The message of ``piece`` (``Refused`` for a failed turn), counted in the metrics;
-        ``first``: no token of the turn (submitted at ``started``) was sent before."""
-        chunk = chunk_from_piece(piece)
-        if piece.token_ids:
-            if first:
-                self.metrics.observe_first_token(time.perf_counter() - started)
-            self.metrics.add_generated_tokens(len(piece.token_ids))
-        return chunk
+    async def release(self, route: Route, reason: ReleaseReason) -> bool:
+        """``Follower.release``: release a session where it is; whether it was open."""
+        return await self.follower.release(route, reason)
 
     async def close(self, session_id: str, tenant: str) -> bool:
         """Close on the session's replica directly (one hop), then tell the router. The route
@@ -250,3 +229,7 @@ class Gateway(Following):
                 return False
             check(route)
         return await self.release(route, ReleaseReason.CLOSED)
+
+    def _listed_dead(self, replica_id: str) -> None:
+        """The router lists the replica dead: what this gateway knows of it goes."""
+        self.background.spawn(self.delivery.replica_lost(replica_id, "the router lists it dead"))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, NamedTuple
 
-from replica.actor_client import ReplicaClient
+from replica.actor.client import ReplicaClient
 from replica.api import (
     ActorError,
     Closed,

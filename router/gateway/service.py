@@ -1,17 +1,15 @@
-"""The gRPC services of a gateway: ``SessionService`` and ``AdminService`` over grpc.aio, plus
-health and reflection. Status codes and messages follow docs/api.md; every refusal says what to do.
+"""The gRPC services of a gateway: ``SessionService`` (here) and ``AdminService``
+(``router.gateway.admin_service``) over grpc.aio, plus health and reflection. Status codes and
+messages follow docs/api.md; every refusal says what to do.
 
 A Generate turn is one actor call to submit; its chunks arrive through the replica's output
 stream (``router.gateway.delivery``). If the client cancels or its deadline passes before the last
-chunk, the turn is cancelled on the replica, which rolls the session back to its checkpoint.
+chunk, the turn is cancelled on the replica, which rolls the session back to its turn snapshot.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -20,37 +18,11 @@ from grpc_reflection.v1alpha import reflection
 from protos import session_router_pb2 as pb
 from protos import session_router_pb2_grpc as pb_grpc
 from replica.api import StatusCode
+from router.gateway.admin_service import AdminService
 from router.gateway.converse import Conversation
-from router.gateway.convert import Refused, check, replica_to_proto, session_to_proto, status_code
+from router.gateway.convert import Refused, session_to_proto, turn_of
 from router.gateway.gateway import Gateway
-from router.gateway.generate import GenerateCall
-
-log = logging.getLogger(__name__)
-
-
-def unexpected(method: str, exc: Exception) -> Refused:
-    """An error no step mapped to a status (a bug): INTERNAL with a message, never UNKNOWN."""
-    log.error("%s failed unexpectedly", method, exc_info=exc)
-    return Refused(
-        StatusCode.INTERNAL,
-        f"internal error in {method} ({type(exc).__name__}); retry, and report it if it persists",
-    )
-
-
-async def run_rpc(gateway: Gateway, method: str, context, body):
-    """Run a unary body, mapping ``Refused`` to its status and counting the call."""
-    started, code = time.perf_counter(), StatusCode.OK
-    try:
-        return await body()
-    except Refused as exc:
-        code = exc.code
-        await context.abort(status_code(exc.code), str(exc))
-    except Exception as exc:  # noqa: BLE001 - mapped, logged
-        refused = unexpected(method, exc)
-        code = refused.code
-        await context.abort(status_code(code), str(refused))
-    finally:
-        gateway.metrics.observe_rpc(method, code, time.perf_counter() - started)
+from router.gateway.rpc import run_rpc, run_stream
 
 
 class SessionService(pb_grpc.SessionServiceServicer):
@@ -95,9 +67,17 @@ class SessionService(pb_grpc.SessionServiceServicer):
 
     # grpc.aio serves a streaming method only when it is an async generator function itself.
     async def Generate(self, request, context) -> AsyncIterator[pb.GenerateChunk]:
-        call = GenerateCall(self.gw, request, context)
-        async for chunk in run_stream(self.gw, "Generate", context, call.run(), call.end):
+        async for chunk in run_stream(self.gw, "Generate", context, self._turn(request, context)):
             yield chunk
+
+    async def _turn(self, request: pb.GenerateRequest, context) -> AsyncIterator[pb.GenerateChunk]:
+        """One turn streamed to one client, a message per take of its inbox (everything the
+        turn produced since the last message); cancelled on the replica, which rolls the
+        session back, when the call ends before its last chunk (client cancel, deadline)."""
+        route = await self.gw.route(request.session_id, self.gw.tenant(context))
+        async with self.gw.turns.stream_turn(route, *turn_of(request)) as turn:
+            async for chunk in turn.chunks():
+                yield chunk
 
     async def Converse(self, request_iterator, context) -> AsyncIterator[pb.ConverseResponse]:
         conversation = Conversation(self.gw, request_iterator, context)
@@ -105,108 +85,6 @@ class SessionService(pb_grpc.SessionServiceServicer):
             self.gw, "Converse", context, conversation.run(), lambda code: conversation.end()
         ):
             yield response
-
-
-async def run_stream(
-    gateway: Gateway,
-    method: str,
-    context,
-    stream: AsyncIterator,
-    on_end: Callable[[StatusCode], None],
-) -> AsyncIterator:
-    """Relay a streaming body, mapping ``Refused`` to its status; ``on_end(code)`` runs however
-    the call ends (also when the client cancels), then the call is counted."""
-    started, code = time.perf_counter(), StatusCode.OK
-    try:
-        async for item in stream:
-            yield item
-    except Refused as exc:
-        code = exc.code
-        await context.abort(status_code(exc.code), str(exc))
-    except asyncio.CancelledError:
-        code = StatusCode.CANCELLED
-        raise
-    except Exception as exc:  # noqa: BLE001 - mapped, logged
-        refused = unexpected(method, exc)
-        code = refused.code
-        await context.abort(status_code(code), str(refused))
-    finally:
-        on_end(code)
-        gateway.metrics.observe_rpc(method, code, time.perf_counter() - started)
-
-
-class AdminService(pb_grpc.AdminServiceServicer):
-    """Admin calls. With API keys on, only admin keys are served (others: PERMISSION_DENIED,
-    no key: UNAUTHENTICATED)."""
-
-    def __init__(self, gateway: Gateway) -> None:
-        self.gw = gateway
-
-    async def ListReplicas(self, request, context):
-        async def body():
-            self.gw.admin(context)
-            views = check(await self.gw.router.views())
-            return pb.ListReplicasResponse(replicas=[replica_to_proto(v) for v in views])
-
-        return await run_rpc(self.gw, "ListReplicas", context, body)
-
-    async def DrainReplica(self, request, context):
-        """With ``migrate``, answers once the replica holds no session, or before the call's
-        deadline (else ``--drain-timeout-s``) with how many are left."""
-
-        async def body():
-            self.gw.admin(context)
-            drained = check(
-                await self.gw.router.drain(
-                    replica_id=request.replica_id,
-                    migrate=request.migrate,
-                    timeout_s=answer_within(context),
-                )
-            )
-            await self.gw.cluster.refresh()  # this gateway places by the change at once
-            return pb.DrainReplicaResponse(
-                replica=replica_to_proto(drained.replica),
-                sessions_migrated=drained.sessions_migrated,
-                sessions_left=drained.sessions_left,
-            )
-
-        return await run_rpc(self.gw, "DrainReplica", context, body)
-
-    async def ResumeReplica(self, request, context):
-        async def body():
-            self.gw.admin(context)
-            view = check(await self.gw.router.resume(replica_id=request.replica_id))
-            await self.gw.cluster.refresh()
-            return pb.ResumeReplicaResponse(replica=replica_to_proto(view))
-
-        return await run_rpc(self.gw, "ResumeReplica", context, body)
-
-    async def MigrateSession(self, request, context):
-        async def body():
-            self.gw.admin(context)
-            if not request.session_id:
-                raise Refused(StatusCode.INVALID_ARGUMENT, "session_id is required")
-            route = check(
-                await self.gw.router.migrate_session(
-                    session_id=request.session_id,
-                    target_replica_id=request.target_replica_id,
-                    wait_s=answer_within(context),
-                )
-            )
-            self.gw.routes.drop(route.session_id)
-            return session_to_proto(route.session_id, route.replica_id, route.info)
-
-        return await run_rpc(self.gw, "MigrateSession", context, body)
-
-
-ANSWER_MARGIN_S = 1.0  # time kept to answer before the caller's deadline
-
-
-def answer_within(context) -> float | None:
-    """How long a call may work before it must answer: its deadline less a margin (None
-    without a deadline)."""
-    left = context.time_remaining()
-    return None if left is None else max(0.0, left - ANSWER_MARGIN_S)
 
 
 def server_options(keepalive_s: float) -> list[tuple[str, int]]:

@@ -19,7 +19,7 @@ from router.http import wire
 from router.http.errors import ApiError, invalid
 from router.http.metrics import HttpMetrics
 from router.http.sse import DONE, EventStream, data, guarded
-from router.http.turns import TurnOutput, Turns, TurnStream
+from router.http.turns import StartedTurn, TurnOutput, Turns
 
 CHAT_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature",
                "top_p", "seed", "stop", "stream", "stream_options", "user", "top_k",
@@ -126,7 +126,7 @@ class Completions:
     async def _run(
         self,
         session_id: str,
-        started: TurnStream,
+        started: StartedTurn,
         turn: Turn,
         tenant: str,
         answer: Shape,

@@ -68,7 +68,7 @@ class ResponseRun:
     async def _interrupt_turn(self) -> None:
         try:
             await self.turns.gw.on_session(
-                self.stream.call.route,
+                self.stream.route,
                 "interrupt",
                 lambda r: r.replica.interrupt(session_id=r.session_id),
             )
@@ -100,7 +100,7 @@ class ResponseRun:
                 if fork is not None:
                     self.conv.gw.background.spawn(self.conv.release(fork))
                 raise
-            self.conv.started(fork, self.stream.call.route)
+            self.conv.started(fork, self.stream.route)
             if self.cancelled:  # cancelled while it was being submitted
                 await self._interrupt_turn()
             item = message_item(item_id, "assistant", "", "in_progress")

@@ -36,7 +36,7 @@ from router.http.response_items import (
     usage,
 )
 from router.http.sse import EventStream, data, guarded
-from router.http.turns import Turns, TurnStream
+from router.http.turns import StartedTurn, Turns
 
 FIELDS = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p",
           "store", "metadata", "previous_response_id", "stream", "user", "top_k", "seed",
@@ -94,7 +94,7 @@ class Responses:
         previous_id = wire.string(body, "previous_response_id")
         previous = None
         if previous_id is not None:
-            previous = await self._store().get(previous_id, tenant)
+            previous = await self._store().get(response_id=previous_id, tenant=tenant)
             if previous is None:
                 raise not_found(previous_id)
         elif store:
@@ -133,7 +133,7 @@ class Responses:
                 if route is not None:
                     held = previous.state_ids
                     return route, Prompt(held, prompt.token_ids, len(held))
-                await self._store().forget_state(previous.response_id)
+                await self._store().forget_state(response_id=previous.response_id)
         ids = (await self.turns.chat_prompt(messages)).token_ids
         route = await self.turns.open(tenant, self.ttl_s if store else 0.0, prefix_ids=ids[:-1])
         cached = self.turns.cached_tokens(route)
@@ -143,7 +143,7 @@ class Responses:
         self,
         made: Made,
         route,
-        started: TurnStream,
+        started: StartedTurn,
         prompt: Prompt,
         previous: StoredResponse | None,
         items: list[dict[str, Any]],
@@ -189,7 +189,7 @@ class Responses:
                     route.session_id,
                     route.replica_id,
                 )
-                for session_id, owner in await self._store().put(record):
+                for session_id, owner in await self._store().put(record=record):
                     self.turns.release(session_id, owner)
                 keep = True
             yield made.event(f"response.{status}", response=made.response)
@@ -201,13 +201,13 @@ class Responses:
     # ----- read, delete ---------------------------------------------------------------------
 
     async def get(self, response_id: str, tenant: str) -> dict[str, Any]:
-        record = await self._store().get(response_id, tenant)
+        record = await self._store().get(response_id=response_id, tenant=tenant)
         if record is None:
             raise not_found(response_id)
         return record.body
 
     async def delete(self, response_id: str, tenant: str) -> dict[str, Any]:
-        deleted, release = await self._store().delete(response_id, tenant)
+        deleted, release = await self._store().delete(response_id=response_id, tenant=tenant)
         if not deleted:
             raise not_found(response_id)
         for session_id, owner in release:
@@ -217,7 +217,7 @@ class Responses:
     async def input_items(
         self, response_id: str, tenant: str, query: dict[str, str]
     ) -> dict[str, Any]:
-        record = await self._store().get(response_id, tenant)
+        record = await self._store().get(response_id=response_id, tenant=tenant)
         if record is None:
             raise not_found(response_id)
         order = query.get("order", "desc")

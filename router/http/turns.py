@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from protos import session_router_pb2 as pb
-from replica.actor_client import ReplicaClient
+from replica.actor.client import ReplicaClient
 from replica.api import (
     ActorError,
     ChatPrompt,
@@ -25,7 +25,7 @@ from replica.api import (
 from router.control.api import Route
 from router.gateway.convert import Refused
 from router.gateway.gateway import Gateway
-from router.gateway.generate import GenerateCall
+from router.gateway.turn_streams import TurnStream
 from router.http.errors import ApiError
 
 FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length",
@@ -113,32 +113,34 @@ class Turns:
         sampling: SamplingParams,
         token_ids: list[int] | None = None,
         text: str | None = None,
-    ) -> TurnStream:
-        """Submit one turn on ``route``'s session; raises ``ApiError`` when it is refused (bad
-        input, context overflow), before anything is streamed."""
-        call = GenerateCall(self.gw, turn=(text, token_ids, sampling))
+    ) -> StartedTurn:
+        """Submit one turn on ``route``'s session (``Gateway.turns``); raises ``ApiError`` when
+        it is refused (bad input, context overflow), before anything is streamed."""
         try:
-            await call.start(route)
+            turn = await self.gw.turns.start(route, text, token_ids, sampling)
         except Refused as exc:
-            call.end(exc.code)
             raise ApiError.of(exc.code, str(exc)) from None
-        return TurnStream(call)
+        return StartedTurn(turn)
 
 
-class TurnStream:
+class StartedTurn:
     """A submitted turn; ``outputs`` must be iterated (or ``cancel`` called) to release it."""
 
-    def __init__(self, call: GenerateCall) -> None:
-        self.call = call
+    def __init__(self, turn: TurnStream) -> None:
+        self.turn = turn
         self.out = TurnOutput()
-        self.ended = False
+
+    @property
+    def route(self) -> Route:
+        """Where the session answered the turn (it may have moved there)."""
+        return self.turn.route
 
     async def outputs(self) -> AsyncIterator[TurnOutput]:
         """The output so far after each chunk (the last one has ``finish``); raises
         ``ApiError`` when the turn fails. A stream left before its end cancels the turn."""
         out, code = self.out, StatusCode.CANCELLED
         try:
-            async for chunk in self.call.chunks():
+            async for chunk in self.turn.chunks():
                 out.token_ids += chunk.token_ids
                 out.text += chunk.text
                 if chunk.finish_reason:
@@ -150,16 +152,11 @@ class TurnStream:
             code = exc.code
             raise ApiError.of(exc.code, str(exc)) from None
         finally:
-            self.end(code)
+            self.turn.end(code)
 
     def cancel(self) -> None:
-        self.end(StatusCode.CANCELLED)
-
-    def end(self, code: StatusCode) -> None:
-        """Release the turn's inbox; cancel the turn unless it ended (idempotent)."""
-        if not self.ended:
-            self.ended = True
-            self.call.end(code)
+        """Release the turn; cancel it unless it ended (idempotent)."""
+        self.turn.end(StatusCode.CANCELLED)
 
 
 def checked(result):

@@ -3,7 +3,7 @@ them all.
 
 A router that Ray has just restarted (its node died: a head restart under GCS fault tolerance)
 starts with an empty table and learns its replicas from their next snapshot report (about a
-second apart, ``replica.reporting``); until the GCS has noticed that the old node is gone, its
+second apart, ``replica.actor.reporting``); until the GCS has noticed that the old node is gone, its
 handle may not answer at all. Taking over before then would miss replicas that are alive and
 serving, and start others beside them. So the router is asked again until it knows every replica
 still named in the namespace, within ``REATTACH_TIMEOUT_S``.

@@ -59,7 +59,7 @@ def replica_actor(args: argparse.Namespace, out: TextIO):
 def run_sessions(args: argparse.Namespace, out: TextIO | None = None) -> int:
     import ray
 
-    from replica.actor_client import ReplicaClient
+    from replica.actor.client import ReplicaClient
     from replica.api import ActorError
     from router.control.api import ROUTER_NAME
     from router.control.client import RouterClient
@@ -93,7 +93,7 @@ def run_sessions(args: argparse.Namespace, out: TextIO | None = None) -> int:
 def run_restart(args: argparse.Namespace, out: TextIO | None = None) -> int:
     import ray
 
-    from replica.actor_client import ReplicaClient
+    from replica.actor.client import ReplicaClient
     from replica.api import ActorError
 
     out = out or sys.stdout

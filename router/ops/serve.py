@@ -27,24 +27,24 @@ import os
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from replica.actor_client import ReplicaClient
+from replica.actor.client import ReplicaClient
+from replica.actor.router_reports import RouterReports
 from replica.api import ActorError
-from replica.router_reports import RouterReports
 from router.config import ServeConfig
 from router.control.api import ROUTER_NAME
+from router.control.autoscaler import Autoscaler
+from router.control.checkpoint_stores import start_store
 from router.control.client import RouterClient
 from router.control.response_store import RESPONSES_NAME, ResponseStore
 from router.control.router import SessionRouter
+from router.control.scaling_metrics import ScalingMetrics
+from router.control.store_keeper import StoreKeeper
+from router.control.supervisor import ReplicaSupervisor
 from router.gateway.gateway import Gateway
 from router.ops import ray_join
-from router.ops.autoscaler import Autoscaler
-from router.ops.checkpoint_stores import start_store
 from router.ops.gateway_server import GatewayServer
 from router.ops.reattach import known_replicas
-from router.ops.scaling_metrics import ScalingMetrics
 from router.ops.scheduling import replica_resources, wait_until_up
-from router.ops.store_keeper import StoreKeeper
-from router.ops.supervisor import ReplicaSupervisor
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +132,11 @@ class Server:
 
     async def start(self) -> None:
         cfg = self.config
+        if cfg.router.checkpoint_dir:
+            try:
+                os.makedirs(cfg.router.checkpoint_dir, exist_ok=True)
+            except OSError as exc:
+                raise RuntimeError(f"--checkpoint-dir cannot be used: {exc}") from exc
         if not ray.is_initialized():
             quiet_ray_start_up()
             ray_join.connect(
@@ -151,7 +156,12 @@ class Server:
             self.start_replicas,
             cfg.replicas,
             stores=StoreKeeper(
-                self.replicas, self.stores, self.starting, RouterClient(self.router), cfg.namespace
+                self.replicas,
+                self.stores,
+                self.starting,
+                RouterClient(self.router),
+                cfg.namespace,
+                cfg.router.checkpoint_dir,
             )
             if cfg.replica.session_checkpoints
             else None,
@@ -305,7 +315,8 @@ class Server:
             )
             if cfg.replica.session_checkpoints:  # all at once: each is a process to start
                 stores = await asyncio.gather(*(
-                    start_store(r, self.replicas[r], descs[r].node_id, cfg.namespace) for r in ids
+                    start_store(r, self.replicas[r], descs[r].node_id, cfg.namespace, 0,
+                                cfg.router.checkpoint_dir) for r in ids
                 ), return_exceptions=True)  # fmt: skip
                 self.stores.update(
                     (r, store)

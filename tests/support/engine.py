@@ -110,7 +110,7 @@ def assert_engine_at_capacity(engine: Engine) -> None:
 
 def close_and_check(engine: Engine) -> None:
     """End of a test: close every session, drain, and check that every slot came back."""
-    engine.close_all()
+    engine.session_ops.close_all()
     drain(engine)
     assert len(engine.sessions) == 0
     assert_engine_at_capacity(engine)

@@ -47,7 +47,7 @@ def outcome(
     rolls_back: bool,
 ) -> tuple[int, tuple[int, ...]]:
     """Where the session stands after its turn ended ``how``: committed and pending tokens.
-    ``rolls_back``: a cancelled turn returns to its checkpoint (track buffers >= 1)."""
+    ``rolls_back``: a cancelled turn returns to its turn snapshot (track buffers >= 1)."""
     turn = s.turn
     kept = s.committed + len(turn.input_ids) + len(turn.tokens)
     if not turn.admitted and how == FinishReason.INTERRUPTED:  # its input is kept

@@ -15,7 +15,7 @@ from replica.pools.hybrid_pool import HybridReqToTokenPool
 from replica.pools.kv_pool import pages_for
 from replica.sessions.parking import Parker
 from replica.sessions.request import Req
-from replica.sessions.session import StreamingSession
+from replica.sessions.table import SessionTable
 from tests.support.device import device_under_test
 
 TINY_MODEL = ModelConfig()
@@ -62,14 +62,14 @@ def make_pools(
     pool = HybridReqToTokenPool(model, cfg)
     clock = FakeClock()
     parker = Parker.build(pool, model, cfg)
-    sessions = StreamingSession(
+    sessions = SessionTable(
         pool, idle_timeout_s=idle_timeout_s, clock=clock, failpoints=failpoints, parker=parker
     )
     return pool, sessions, clock
 
 
 def snapshot(
-    pool: HybridReqToTokenPool, sessions: StreamingSession, running: Iterable[Req] = ()
+    pool: HybridReqToTokenPool, sessions: SessionTable, running: Iterable[Req] = ()
 ) -> PoolSnapshot:
     running = list(running)
     return PoolSnapshot(
@@ -78,7 +78,7 @@ def snapshot(
 
 
 def assert_consistent(
-    pool: HybridReqToTokenPool, sessions: StreamingSession, running: Iterable[Req] = ()
+    pool: HybridReqToTokenPool, sessions: SessionTable, running: Iterable[Req] = ()
 ) -> PoolSnapshot:
     """Strict invariant check plus the allocators' own integrity check."""
     running = list(running)
@@ -90,7 +90,7 @@ def assert_consistent(
     return snap
 
 
-def assert_all_free(pool: HybridReqToTokenPool, sessions: StreamingSession) -> None:
+def assert_all_free(pool: HybridReqToTokenPool, sessions: SessionTable) -> None:
     snap = assert_consistent(pool, sessions)
     for stats in snap.pools:
         assert stats.free == stats.capacity, stats.describe()
@@ -105,7 +105,7 @@ def grow(pool: HybridReqToTokenPool, req: Req, new_tokens: int) -> None:
     req.folded_len = target
 
 
-def read_state(sessions: StreamingSession, session_id: str) -> dict[str, torch.Tensor]:
+def read_state(sessions: SessionTable, session_id: str) -> dict[str, torch.Tensor]:
     """An idle session's state, copied to the CPU from wherever it lives (GPU or host tier): its
     live mamba state ``conv``/``ssm`` ``[layers, ...]`` and the ``k``/``v`` of its committed
     positions ``[attention layers, committed_len, heads, head_dim]``."""

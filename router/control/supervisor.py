@@ -20,11 +20,11 @@ from typing import Any
 
 import ray
 
-from replica.actor_client import ReplicaClient
+from replica.actor.client import ReplicaClient
 from replica.api import ActorError
 from router.control.api import ReplicaHealth, ReplicaView
-from router.ops.periodic import Periodic
-from router.ops.store_keeper import StoreKeeper
+from router.control.periodic import Periodic
+from router.control.store_keeper import StoreKeeper
 
 log = logging.getLogger(__name__)
 

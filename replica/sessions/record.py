@@ -1,4 +1,4 @@
-"""``SessionSlot``: a replica's one record of a session, and where its state lives between turns.
+"""``SessionRecord``: a replica's one record of a session, and where its state lives between turns.
 
 Who owns what: between turns the record owns the session's slots (``seq`` on the GPU, or
 ``host`` while parked); while a turn runs, the turn (``turn``, a ``Req``) owns them. A session
@@ -20,12 +20,12 @@ from replica.sessions.request import Req
 class StateLocation(str, enum.Enum):
     """Where a session's state lives between turns."""
 
-    GPU = "gpu"  # resident: ``SessionSlot.seq`` (req row, mamba slots, KV pages of its row)
-    HOST = "host"  # parked: ``SessionSlot.host`` (host_mamba slot, host KV pages)
+    GPU = "gpu"  # resident: ``SessionRecord.seq`` (req row, mamba slots, KV pages of its row)
+    HOST = "host"  # parked: ``SessionRecord.host`` (host_mamba slot, host KV pages)
 
 
 @dataclass(slots=True, eq=False)
-class SessionSlot:
+class SessionRecord:
     """The replica's one record of a session: the slots it holds between turns (``turn`` is the
     running turn that owns them now), who it belongs to and where its events go. Exactly one of
     ``seq`` (resident) and ``host`` (parked) is set; a running turn's session is resident."""

@@ -41,11 +41,16 @@ def other_node(node_id: str) -> tuple[str, bool] | None:
 
 
 async def start_store(
-    replica_id: str, replica: Any, node_id: str, namespace: str, generation: int = 0
+    replica_id: str,
+    replica: Any,
+    node_id: str,
+    namespace: str,
+    generation: int = 0,
+    checkpoint_dir: str = "",
 ) -> Any:
     """A checkpoint store for the replica ``replica`` (on node ``node_id``), following it; a
     replacement of a dead one (``generation`` 1, 2, ...) gets a name of its own, as Ray may
-    keep a dead actor's name for a while."""
+    keep a dead actor's name for a while. With ``checkpoint_dir`` it writes there too."""
     name = f"{replica_id}-checkpoints" + (f"-{generation}" if generation else "")
     away = other_node(node_id)
     # a worker node is a must: with a soft affinity a busy raylet spills the store back to
@@ -61,7 +66,7 @@ async def start_store(
             max_concurrency=1000,
             scheduling_strategy=strategy,
         )
-        .remote(replica_id)
+        .remote(replica_id, checkpoint_dir)
     )
     await CheckpointStoreClient(store).follow(replica=replica, replica_node=node_id)
     return store

@@ -1,5 +1,5 @@
-"""``SessionMovesAPI``: the replica actor's half of moving sessions between replicas (mixed into
-``ReplicaActor``); the router's half is ``router.control.migration``.
+"""``MoveCalls``: the replica actor's half of moving sessions between replicas; the router's half
+is ``router.control.migration``, the engine's ``replica.engine.moves.SessionMoves``.
 
 - ``mark_moving(ids)``: mark sessions moving (``replica.engine.moves``); which are ready to
   export now (``Exported.exported``), still running a turn (``busy``) or not open (``missing``).
@@ -17,33 +17,43 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 import ray
 
+from replica.actor.checkpoints import CheckpointCalls
+from replica.actor.engine_host import EngineHost
 from replica.api import ActorError, Exported, Imported, PoolSnapshot, SessionStates
-from replica.checkpoints.outbox import CheckpointOutbox
+from replica.failpoints import CallFaults
+
+if TYPE_CHECKING:
+    from replica.engine.engine import Engine
 
 BUSY_POLL_S = 0.01
 
 
-class SessionMovesAPI:
-    engine: Any
-    checkpoint_outbox: CheckpointOutbox | None
-    call_faults: Any  # replica.failpoints.CallFaults
-
-    async def _call(self, fn, *args) -> Any:  # provided by ReplicaActor
-        raise NotImplementedError
+class MoveCalls:
+    def __init__(
+        self,
+        engine: Engine,
+        host: EngineHost,
+        checkpoints: CheckpointCalls,
+        call_faults: CallFaults,
+    ) -> None:
+        self.engine = engine
+        self.host = host
+        self.checkpoints = checkpoints
+        self.call_faults = call_faults  # import_* and finish_export_* (replica.failpoints)
 
     async def mark_moving(self, session_ids: list[str]) -> Exported | ActorError:
-        return await self._call(self.engine.moves.mark, session_ids)
+        return await self.host.call(self.engine.moves.mark, session_ids)
 
     async def wait_turns_ended(
         self, session_ids: list[str], wait_s: float
     ) -> list[str] | ActorError:
         deadline = time.monotonic() + wait_s
         while True:
-            busy = await self._call(self.engine.moves.busy, session_ids)
+            busy = await self.host.call(self.engine.moves.busy, session_ids)
             if isinstance(busy, ActorError) or not busy or time.monotonic() >= deadline:
                 return busy
             await asyncio.sleep(BUSY_POLL_S)
@@ -51,14 +61,14 @@ class SessionMovesAPI:
     async def export_sessions(
         self, session_ids: list[str]
     ) -> tuple[Exported | ActorError, SessionStates | None]:
-        result = await self._call(self.engine.moves.export, session_ids)
+        result = await self.host.call(self.engine.moves.export, session_ids)
         return (result, None) if isinstance(result, ActorError) else result
 
     async def finish_export(self, session_ids: list[str], moved: bool) -> PoolSnapshot | ActorError:
         if moved:  # a move that landed: the sessions are on their target and still here
             self.call_faults.raise_if("finish_export_fails", "finish_export")
             self.call_faults.crash_if("finish_export_crashes")
-        return await self._call(self.engine.moves.finish, session_ids, moved)
+        return await self.host.call(self.engine.moves.finish, session_ids, moved)
 
     async def import_sessions(self, parts: list) -> Imported | ActorError:
         """``parts``: ``SessionStates`` records, or ObjectRefs of them (fetched here, straight
@@ -66,8 +76,8 @@ class SessionMovesAPI:
         first checkpoints here are stored: the state is never in one replica's hands only."""
         self.call_faults.raise_if("import_fails", "import_sessions")
         records = [await part if isinstance(part, ray.ObjectRef) else part for part in parts]
-        imported = await self._call(self.engine.moves.import_, records)
+        imported = await self.host.call(self.engine.moves.import_, records)
         self.call_faults.crash_if("import_crashes")  # dies with the sessions in its pools
-        if self.checkpoint_outbox is not None and not isinstance(imported, ActorError):
-            await self.checkpoint_outbox.durable([info.session_id for info in imported.opened])
+        if not isinstance(imported, ActorError):
+            await self.checkpoints.durable([info.session_id for info in imported.opened])
         return imported

@@ -3,7 +3,7 @@
 Each round of the ``ReplicaSupervisor`` it probes the store of every live replica (not starting,
 not declared dead); a store that is known dead (Ray's actor-died error: its process was killed
 or its node died) is replaced at once by a new one that follows the replica
-(``router.ops.checkpoint_stores.start_store``), and the router is told (a failover reads the
+(``router.control.checkpoint_stores.start_store``), and the router is told (a failover reads the
 new store). The replica then checkpoints every session it holds again at once; until those
 checkpoints land its sessions count as ``unprotected``. A store that is only slow is left alone;
 once the replica's own stall bound ended its stream, the store follows it again, from nothing.
@@ -20,10 +20,10 @@ from typing import Any
 
 import ray
 
-from replica.actor_client import ReplicaClient
+from replica.actor.client import ReplicaClient
 from replica.checkpoints.store_client import CheckpointStoreClient
+from router.control.checkpoint_stores import start_store
 from router.control.client import RouterClient
-from router.ops.checkpoint_stores import start_store
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +39,11 @@ class StoreKeeper:
         starting: set[str],
         router: RouterClient,
         namespace: str,
+        checkpoint_dir: str = "",
     ) -> None:
         """``replicas`` and ``stores`` are the serve process's own maps (id -> handle), shared;
-        ``stores`` is updated here."""
+        ``stores`` is updated here; a new store writes to ``checkpoint_dir`` too, if set."""
+        self.checkpoint_dir = checkpoint_dir
         self.replicas = replicas
         self.stores = stores
         self.starting = starting
@@ -92,7 +94,9 @@ class StoreKeeper:
         replica = self.replicas[replica_id]
         desc = await ReplicaClient(replica).describe()
         self.generations[replica_id] = generation = self.generations.get(replica_id, 0) + 1
-        store = await start_store(replica_id, replica, desc.node_id, self.namespace, generation)
+        store = await start_store(
+            replica_id, replica, desc.node_id, self.namespace, generation, self.checkpoint_dir
+        )
         taken = await self.router.replace_checkpoint_store(replica_id=replica_id, store=store)
         if taken is not True:
             ray.kill(store, no_restart=True)  # the replica died meanwhile: its failover is done

@@ -1,13 +1,16 @@
-"""``SessionsAPI``: the replica actor's calls about sessions (mixed into ``ReplicaActor``): opens
-(one by one from the router, batched from gateways: ``replica.batch_calls``), closes, and looking
-sessions up. Each runs on the engine thread between steps; refusals come back as ``ActorError``
-values. Turns and leases are ``replica.actor_turns.TurnCalls``'s.
+"""``SessionCalls``: the replica actor's calls about sessions: opens (one by one from the router,
+batched from gateways: ``replica.actor.batch_calls``), forks, closes, and looking sessions up.
+
+Each runs on the engine thread between steps (``EngineHost.call``); refusals come back as
+``ActorError`` values. Turns and leases are ``replica.actor.turns.TurnCalls``'s.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
+from replica.actor.batch_calls import open_batch
+from replica.actor.engine_host import EngineHost
 from replica.api import (
     ActorError,
     Closed,
@@ -18,16 +21,17 @@ from replica.api import (
     SessionInfo,
     SessionMovingError,
 )
-from replica.batch_calls import open_batch
+from replica.failpoints import CallFaults
+
+if TYPE_CHECKING:
+    from replica.engine.engine import Engine
 
 
-class SessionsAPI:
-    engine: Any
-    tokenizer: Any
-    call_faults: Any  # replica.failpoints.CallFaults
-
-    async def _call(self, fn, *args) -> Any:  # provided by ReplicaActor
-        raise NotImplementedError
+class SessionCalls:
+    def __init__(self, engine: Engine, host: EngineHost, call_faults: CallFaults) -> None:
+        self.engine = engine
+        self.host = host
+        self.call_faults = call_faults
 
     async def open_sessions(self, requests: list[OpenArgs]) -> OpenedBatch | ActorError:
         """Open sessions, each ``(session_id, idle_timeout_s, gateway_id, tenant, lease_s[,
@@ -36,7 +40,7 @@ class SessionsAPI:
         refused on its own. The reply carries the snapshot taken after the last, so the caller's
         view of this replica's room is never older than its own placements."""
         self.call_faults.trip("open_sessions")
-        return await self._call(open_batch, self.engine, requests)
+        return await self.host.call(open_batch, self.engine, requests)
 
     async def open_session(
         self,
@@ -66,7 +70,7 @@ class SessionsAPI:
             info = self.engine.fork_session(parent_id, child_id, gateway_id)
             return Opened(info, self.engine.snapshot())
 
-        return await self._call(fork)
+        return await self.host.call(fork)
 
     async def close_sessions(
         self, session_ids: list[str], reason: ReleaseReason = ReleaseReason.CLOSED
@@ -84,11 +88,15 @@ class SessionsAPI:
                     moving.append(sid)
             return Closed(tuple(was_open), self.engine.snapshot(), tuple(moving))
 
-        return await self._call(close_all)
+        return await self.host.call(close_all)
 
     async def get_session(self, session_id: str) -> SessionInfo | ActorError:
-        return await self._call(self.engine.session_info, session_id)
+        return await self.host.call(self.engine.session_info, session_id)
 
     async def list_sessions(self) -> dict[str, str] | ActorError:
         """Every session the replica holds, with its tenant."""
-        return await self._call(self.engine.session_tenants)
+        return await self.host.call(self.engine.session_ops.session_tenants)
+
+    async def blank_sessions(self) -> dict[str, float] | ActorError:
+        """The open sessions that hold nothing yet, with their idle timeouts."""
+        return await self.host.call(self.engine.session_ops.blank_sessions)

@@ -36,15 +36,15 @@ from typing import Any
 
 import ray
 
-from replica.actor_client import ReplicaClient
+from replica.actor.client import ReplicaClient
 from replica.api import ActorError
 from router.config import ScalingConfig
 from router.control.api import Drained, ReplicaView
 from router.control.client import RouterClient
+from router.control.periodic import Periodic
 from router.control.placement import is_healthy, session_room
-from router.ops.periodic import Periodic
-from router.ops.scaling_metrics import ScalingMetrics
-from router.ops.supervisor import ReplicaSupervisor
+from router.control.scaling_metrics import ScalingMetrics
+from router.control.supervisor import ReplicaSupervisor
 
 log = logging.getLogger(__name__)
 

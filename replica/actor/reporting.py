@@ -14,8 +14,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from replica.actor.router_reports import RouterReports
 from replica.api import PoolSnapshot
-from replica.router_reports import RouterReports
 
 log = logging.getLogger(__name__)
 

@@ -1,30 +1,36 @@
-"""``TurnCalls``: the part of ``ReplicaActor`` that serves turns and their token streams.
+"""``TurnCalls``: the replica actor's calls about turns and the leases of Converse streams.
 
 A turn costs one actor call to submit (``submit_turns`` takes every turn a gateway has waiting
 for this replica); its events reach the gateway that submitted it through that gateway's
-long-lived ``stream_outputs`` call (``replica.gateway_outputs``), so no Ray round trip is spent
-per token. When a gateway's stream ends (it stopped or died), the sessions its Converse streams
-held open are released (reason ``stream_ended``): those streams ended with it.
-
-A mixin: it uses the actor's ``engine``, ``tokenizer``, ``outputs``, ``call_faults``, ``_call``,
-``_ensure_started``, ``_spawn`` and ``_note_released``.
+long-lived output stream (``replica.actor.output_streams``), so no Ray round trip is spent per
+token. Each call runs on the engine thread between steps (``EngineHost.call``); refusals come
+back as ``ActorError`` values.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
+from typing import TYPE_CHECKING
 
-import ray
-
+from replica.actor.batch_calls import submit_batch
+from replica.actor.engine_host import EngineHost
 from replica.api import ActorError, SamplingParams, StatusCode, TurnArgs
-from replica.batch_calls import submit_batch
-from replica.gateway_outputs import STREAM_BACKPRESSURE, release_streams_of
+from replica.failpoints import CallFaults
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from replica.engine.engine import Engine
+    from replica.model import Tokenizer
 
 
 class TurnCalls:
+    def __init__(
+        self, engine: Engine, host: EngineHost, tokenizer: Tokenizer, call_faults: CallFaults
+    ) -> None:
+        self.engine = engine
+        self.host = host
+        self.tokenizer = tokenizer
+        self.call_faults = call_faults
+
     async def submit_turns(
         self, gateway_id: str, turns: list[TurnArgs]
     ) -> list[int | ActorError] | ActorError:
@@ -37,7 +43,7 @@ class TurnCalls:
             inputs = await asyncio.to_thread(self._turn_inputs, turns)
         else:
             inputs = self._turn_inputs(turns)
-        return await self._call(submit_batch, self.engine, gateway_id, inputs)
+        return await self.host.call(submit_batch, self.engine, gateway_id, inputs)
 
     def _turn_inputs(self, turns: list[TurnArgs]) -> list:
         inputs = []
@@ -71,30 +77,12 @@ class TurnCalls:
             self.engine.leases.hold(session_ids, lease_s)
             return [sid for sid in session_ids if sid not in self.engine.sessions.sessions]
 
-        return await self._call(hold)
+        return await self.host.call(hold)
 
     async def interrupt(self, session_id: str) -> bool | ActorError:
-        return await self._call(self.engine.interrupt, session_id)
+        return await self.host.call(self.engine.interrupt, session_id)
 
     async def cancel(
         self, session_id: str, why: str = "cancelled by the client", turn_id: int | None = None
     ) -> bool | ActorError:
-        return await self._call(self.engine.cancel, session_id, why, turn_id)
-
-    @ray.method(_generator_backpressure_num_objects=STREAM_BACKPRESSURE)
-    async def stream_outputs(self, gateway_id: str):
-        """Long-lived stream of what the engine produced for ``gateway_id`` (lists of
-        ``replica.api.DeliveryEntry``); an item waits while the gateway has not taken the
-        previous ones, and carries everything produced meanwhile."""
-        await self._ensure_started()
-        async for batch in self.outputs.stream(gateway_id):
-            yield batch
-
-    def _gateway_gone(self, gateway_id: str) -> None:
-        self._spawn(self._release_streams_of(gateway_id))
-
-    async def _release_streams_of(self, gateway_id: str) -> None:
-        released = await self._call(release_streams_of, self.engine, gateway_id)
-        if isinstance(released, list) and released:
-            log.info("gateway %s is gone: released its %d streams", gateway_id, len(released))
-            self._note_released(released)
+        return await self.host.call(self.engine.cancel, session_id, why, turn_id)

@@ -1,0 +1,147 @@
+"""``CheckpointCalls``: the replica actor's side of session checkpoints (``replica.checkpoints``).
+
+With ``--session-checkpoints`` it owns the replica's ``CheckpointOutbox``, built with the
+dispatch the engine's events go on to (turn endings wait there for their checkpoints), and
+connects it to the engine's checkpoint accounting.
+
+- ``stream(store)``: the long-lived streaming call through which this replica's
+  ``CheckpointStore`` (``store``, remembered for re-registration with a restarted router) pulls
+  its checkpoints; the store owns every item. A new store's call replaces the one before, and
+  every session the replica holds is checkpointed again at once (``recheckpointed_total``).
+- ``acked(seq, held, held_bytes)``: the store holds every item up to ``seq``.
+
+The store's watch (``start``), on the actor's event loop: every ``WATCH_INTERVAL_S`` it releases
+turn endings held past their bound, and ends the stream of a store that died (a probe fails with
+Ray's actor-died error) or acknowledged nothing for ``stall_s`` (a hung store's stream once it
+answers again); the serve process's ``StoreKeeper`` replaces a dead store with a new one, or has
+a live one whose stream ended follow again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+import ray
+
+from replica.actor.engine_host import EngineHost
+from replica.actor.tasks import BackgroundTasks
+from replica.api import SessionStates, TurnEvent
+from replica.checkpoints.log import CheckpointBatch
+from replica.checkpoints.outbox import CheckpointDrop, CheckpointOutbox
+from replica.checkpoints.store_client import CheckpointStoreClient
+
+if TYPE_CHECKING:
+    from replica.engine.engine import Engine
+
+log = logging.getLogger(__name__)
+
+WATCH_INTERVAL_S = 0.25
+PROBE_TIMEOUT_S = 2.0  # a store that answers no probe in this long is slow, not known dead
+
+
+class CheckpointCalls:
+    def __init__(
+        self,
+        engine: Engine,
+        host: EngineHost,
+        tasks: BackgroundTasks,
+        dispatch: Callable[[list[TurnEvent]], None],
+        enabled: bool,
+    ) -> None:
+        """``dispatch``: where the engine's events go on to; ``enabled``: checkpoints are on
+        (else every call here is a no-op, and events go straight on)."""
+        self.engine = engine
+        self.host = host
+        self.tasks = tasks
+        self._send = dispatch
+        self.store: Any = None  # the handle of the store that follows (or followed) last
+        self.outbox: CheckpointOutbox | None = None
+        if enabled:
+            self.outbox = CheckpointOutbox(
+                dispatch, engine.config.pools.max_open_sessions, self._connected
+            )
+            engine.checkpoint_accounting.connect(self.outbox)
+
+    def dispatch(self, events: list[TurnEvent]) -> None:
+        """The engine's events, those whose turn's checkpoint is on its way held back."""
+        (self.outbox.dispatch if self.outbox is not None else self._send)(events)
+
+    def push(self, batch: CheckpointBatch) -> None:
+        """What one engine step left to checkpoint (before that step's events)."""
+        if self.outbox is not None:
+            self.outbox.push(batch)
+
+    def start(self) -> None:
+        """Start the store's watch (the engine has just started)."""
+        if self.outbox is not None:
+            self.tasks.spawn(self._watch_store())
+
+    def close(self) -> None:
+        """The engine died: end the store's stream (it keeps what it has)."""
+        if self.outbox is not None:
+            self.outbox.close()
+
+    async def durable(self, session_ids: list[str]) -> None:
+        """Wait (up to the outbox's bound) until the sessions' first checkpoints are stored."""
+        if self.outbox is not None:
+            await self.outbox.durable(session_ids)
+
+    async def stream(self, store: Any) -> AsyncIterator[SessionStates | CheckpointDrop]:
+        await self.host.start()
+        if self.outbox is None:
+            return
+        self.store = store
+        async for item in self.outbox.stream():
+            yield item
+
+    def acked(self, seq: int, held: int, held_bytes: int) -> None:
+        if self.outbox is not None:
+            self.outbox.acked(seq, held, held_bytes)
+
+    def _connected(self, connected: bool) -> None:
+        """A store follows (or stopped following): the engine exports while one does."""
+        self.engine.checkpoints.enabled = connected
+        if connected:
+            self.tasks.spawn(self._checkpoint_all())
+
+    async def _checkpoint_all(self) -> None:
+        count = await self.host.call(self.engine.session_ops.checkpoint_all)
+        if isinstance(count, int) and count:
+            self.outbox.recheckpointed_total += count
+            log.warning("a new checkpoint store follows: %d sessions checkpointed again", count)
+
+    async def _watch_store(self) -> None:
+        outbox = self.outbox
+        probe: asyncio.Task | None = None  # one probe at a time, beside the bounds' checks
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            outbox.holds.release_overdue()
+            if not (outbox.connected or outbox.abandoned):
+                continue
+            late = outbox.unacked_s()
+            outbox.acks_late = late > outbox.holds.hold_s
+            if late > outbox.stall_s:
+                outbox.disconnect(f"it acknowledged nothing for {late:.0f} s", end_stream=False)
+            elif probe is None or probe.done():
+                probe = asyncio.get_running_loop().create_task(self._probe_store())
+
+    async def _probe_store(self) -> None:
+        """Disconnect the store when it is known dead (Ray's actor-died error); end the stream
+        of a hung store once it answers again."""
+        store, outbox = self.store, self.outbox
+        if store is None:
+            return
+        try:
+            await asyncio.wait_for(CheckpointStoreClient(store).stats(), PROBE_TIMEOUT_S)
+        except ray.exceptions.ActorDiedError:
+            if store is self.store:  # not replaced meanwhile
+                outbox.disconnect("it died")
+                outbox.end_abandoned()
+            return
+        except Exception:  # noqa: BLE001 - slow or unreachable for now: the stall bound decides
+            return
+        if store is self.store:
+            outbox.end_abandoned()

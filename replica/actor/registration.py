@@ -1,0 +1,42 @@
+"""``Registration``: what a replica tells a router that does not know it (a restarted router).
+
+``arguments()`` are ``register_replica``'s arguments after the replica id: its handle, its
+description, the sessions it holds and their tenants, its latest snapshot, its checkpoint
+store's handle, and those of its sessions that hold nothing yet with their idle timeouts. The
+router rebuilds its table from them (``replica.actor.reporting.RouterReporter`` sends them).
+"""
+
+from __future__ import annotations
+
+import ray
+
+from replica.actor.checkpoints import CheckpointCalls
+from replica.actor.engine_host import EngineHost
+from replica.actor.sessions import SessionCalls
+from replica.actor.status import ReplicaStatus
+
+
+class Registration:
+    def __init__(
+        self,
+        status: ReplicaStatus,
+        sessions: SessionCalls,
+        host: EngineHost,
+        checkpoints: CheckpointCalls,
+    ) -> None:
+        self.status = status
+        self.sessions = sessions
+        self.host = host
+        self.checkpoints = checkpoints
+
+    async def arguments(self) -> tuple:
+        """``(handle, description, tenants, snapshot, checkpoint store, blank sessions)``, read
+        on the actor's event loop (the actor's own handle is Ray's runtime context's)."""
+        return (
+            ray.get_runtime_context().current_actor,
+            await self.status.describe(),
+            await self.sessions.list_sessions(),
+            await self.host.latest_snapshot(),
+            self.checkpoints.store,
+            await self.sessions.blank_sessions(),
+        )
