@@ -24,13 +24,14 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from dataclasses import dataclass
 
 import grpc
 import pytest
 import ray
 
 from protos import session_router_pb2 as pb
-from router.client import SessionClient
+from router.client import Session, SessionClient
 from router.control.api import ReplicaHealth
 from tests.support.cluster import drain_stream, rpc_error, tokens, wait_for
 from tests.support.servers import grpc_client, serve_cluster
@@ -116,69 +117,86 @@ def close_and_check(server, sessions) -> None:
     server.wait_at_capacity(live(server))
 
 
-def test_an_import_that_raises_on_the_target_leaves_the_session_on_the_source(server, client):
+@dataclass
+class Move:
+    """A migration of a session (with one ended turn) made with a fault armed on one side."""
+
+    session: Session
+    committed: int  # its committed tokens before the move
+    source: str
+    target: str
+    before: dict  # the router's views before the move
+    outcome: pb.Session | grpc.RpcError
+
+    def goes_on_at(self, server, holder: str, seed: int) -> None:
+        """Held by ``holder`` alone and pinned there; its next turn continues from where it
+        was; ``holder`` is healthy and blamed for nothing."""
+        assert_one_copy(server, self.session.id, holder)
+        assert turn(self.session, seed) == self.committed + 7
+        assert views(server)[holder].health == ReplicaHealth.HEALTHY
+        if holder == self.source:
+            assert not new_errors(server, self.before, holder)
+
+
+def move_with(server, client: SessionClient, fault: str, on_source: bool) -> Move:
     session, committed, source, target = pair(server, client)
     before = views(server)
-    arm(server, target, "import_fails")
-    err = rpc_error(client.migrate, session.id, target, 60)
+    arm(server, source if on_source else target, fault)
+    try:
+        outcome: pb.Session | grpc.RpcError = client.migrate(session.id, target, 60)
+    except grpc.RpcError as err:
+        outcome = err
+    return Move(session, committed, source, target, before, outcome)
+
+
+def test_an_import_that_raises_on_the_target_leaves_the_session_on_the_source(server, client):
+    move = move_with(server, client, "import_fails", on_source=False)
+    err, target = move.outcome, move.target
     assert err.code() == grpc.StatusCode.INTERNAL, err
     assert "import_sessions" in err.details() and target in err.details(), err.details()
-    assert_one_copy(server, session.id, source)
-    assert turn(session, 2) == committed + 7
-    states = views(server)
-    assert states[target].health == states[source].health == ReplicaHealth.HEALTHY
-    assert new_errors(server, before, target) == {("import_sessions", "application"): 1}
-    assert not new_errors(server, before, source)
+    move.goes_on_at(server, move.source, 2)
+    assert views(server)[target].health == ReplicaHealth.HEALTHY
+    assert new_errors(server, move.before, target) == {("import_sessions", "application"): 1}
     # the fault fired once: the same move now succeeds, and the session goes on there
-    assert client.migrate(session.id, target, 60).replica_id == target
-    assert_one_copy(server, session.id, target)
-    assert turn(session, 3) == committed + 14
-    close_and_check(server, [session])
+    assert client.migrate(move.session.id, target, 60).replica_id == target
+    assert_one_copy(server, move.session.id, target)
+    assert turn(move.session, 3) == move.committed + 14
+    close_and_check(server, [move.session])
 
 
 def test_a_release_that_raises_on_the_source_keeps_only_the_source_copy(server, client):
-    session, committed, source, target = pair(server, client)
-    before = views(server)
-    arm(server, source, "finish_export_fails")
-    err = rpc_error(client.migrate, session.id, target, 60)
+    move = move_with(server, client, "finish_export_fails", on_source=True)
+    err, source = move.outcome, move.source
     assert err.code() == grpc.StatusCode.INTERNAL, err
     assert "finish_export" in err.details() and source in err.details(), err.details()
-    assert_one_copy(server, session.id, source)  # the target gave its copy back
-    assert turn(session, 4) == committed + 7
+    assert_one_copy(server, move.session.id, source)  # the target gave its copy back
+    assert turn(move.session, 4) == move.committed + 7
     states = views(server)
-    assert states[target].health == states[source].health == ReplicaHealth.HEALTHY
-    assert new_errors(server, before, source) == {("finish_export", "application"): 1}
-    assert not new_errors(server, before, target)
-    close_and_check(server, [session])
+    assert states[move.target].health == states[source].health == ReplicaHealth.HEALTHY
+    assert new_errors(server, move.before, source) == {("finish_export", "application"): 1}
+    assert not new_errors(server, move.before, move.target)
+    close_and_check(server, [move.session])
 
 
 def test_a_target_that_dies_mid_import_leaves_the_session_on_the_source(server, client):
-    session, committed, source, target = pair(server, client)
-    before = views(server)
-    arm(server, target, "import_crashes")
-    err = rpc_error(client.migrate, session.id, target, 60)
-    assert err.code() == grpc.StatusCode.UNAVAILABLE, err
-    assert target in err.details(), err.details()
-    wait_dead(server, target)
-    assert_one_copy(server, session.id, source)
-    assert turn(session, 5) == committed + 7
-    assert views(server)[source].health == ReplicaHealth.HEALTHY
-    assert not new_errors(server, before, source)
-    close_and_check(server, [session])
+    move = move_with(server, client, "import_crashes", on_source=False)
+    assert move.outcome.code() == grpc.StatusCode.UNAVAILABLE, move.outcome
+    assert move.target in move.outcome.details(), move.outcome.details()
+    wait_dead(server, move.target)
+    move.goes_on_at(server, move.source, 5)
+    close_and_check(server, [move.session])
 
 
 def test_a_source_that_dies_releasing_a_landed_session_leaves_the_target_copy(server, client):
-    session, committed, source, target = pair(server, client)
-    before = views(server)
-    arm(server, source, "finish_export_crashes")
-    info = client.migrate(session.id, target, 60)
-    assert (info.replica_id, info.committed_tokens) == (target, committed)
-    wait_dead(server, source)
-    assert_one_copy(server, session.id, target)
-    assert turn(session, 6) == committed + 7
-    assert views(server)[target].health == ReplicaHealth.HEALTHY
-    assert not new_errors(server, before, target)
-    close_and_check(server, [session])
+    move = move_with(server, client, "finish_export_crashes", on_source=True)
+    assert (move.outcome.replica_id, move.outcome.committed_tokens) == (
+        move.target,
+        move.committed,
+    )
+    wait_dead(server, move.source)
+    move.goes_on_at(server, move.target, 6)
+    assert not new_errors(server, move.before, move.target)
+    close_and_check(server, [move.session])
 
 
 def test_a_drain_whose_replica_dies_and_whose_failover_target_dies_importing(server, client):
