@@ -286,6 +286,7 @@ def run_chaos(config: ChaosConfig, namespace: str | None = None) -> ChaosReport:
     if own_ray:  # quiet: the SIGKILLs make Ray log every death at length
         quiet_ray_start_up()
         ray.init(
+            address="local",  # its own: never a cluster named in Ray's current-cluster file
             include_dashboard=False,
             log_to_driver=False,
             logging_level=logging.ERROR,
