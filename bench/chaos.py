@@ -5,6 +5,7 @@ leaked.
 
     .venv/bin/python -m bench.chaos --sessions 2000 --replica-kills 4 --router-kills 2 \
         --store-kills 2 --replica-stops 2 --migration-kills 2 --drain-kills 1
+    .venv/bin/python -m bench.chaos --quick   # every kind of fault once, 120 sessions
 
 It starts a cluster in-process (``Server``, embedded Ray unless one is running), runs
 ``--sessions`` sessions from ``--concurrency`` asyncio clients (``bench/chaos_load.py``: client
@@ -64,6 +65,18 @@ class ChaosConfig:
     unprotected_bound_s: float = 60.0  # longest a replica may hold sessions without checkpoints
 
 
+# ``--quick`` (and tests/test_chaos.py): every kind of fault once, in about two minutes
+FAULT_COUNTS = (
+    "replica_kills",
+    "router_kills",
+    "store_kills",
+    "replica_stops",
+    "migration_kills",
+    "drain_kills",
+)
+QUICK = dict(sessions=120, concurrency=12, seed=3, **dict.fromkeys(FAULT_COUNTS, 1))
+
+
 @dataclass
 class ChaosReport:
     config: ChaosConfig
@@ -74,6 +87,7 @@ class ChaosReport:
     seconds: float = 0.0
     replaced: int = 0
     problems: list[str] = field(default_factory=list)
+    leaked: int = 0  # slots leaked (or freed twice) on the live replicas at the end
 
     def lines(self) -> list[str]:
         t, c = self.tally, self.config
@@ -91,7 +105,8 @@ class ChaosReport:
             f"(seed {c.seed}) in {self.seconds:.0f} s",
             f"faults: {made}; clients: {codes(t.faults)}",
             f"sessions ended: {codes(t.sessions)}",
-            f"sessions lost {self.lost}, doubled {len(self.doubled)}; longest unprotected "
+            f"sessions lost {self.lost}, doubled {len(self.doubled)}, slots leaked {self.leaked}; "
+            "longest unprotected "
             f"{max(self.unprotected_s.values(), default=0.0):.1f} s "
             f"(bound {c.unprotected_bound_s:g} s)",
             f"calls: {sum(t.calls.values())} ({codes(t.calls)}); hung: {t.hung}",
@@ -169,7 +184,17 @@ async def load(cluster: Cluster, report: ChaosReport) -> None:
     rng = random.Random(c.seed)
     admin = Admin(client, report.tally)
     injector = asyncio.create_task(
-        faults(cluster, kills, c.sessions, done, rng, report.heal_s, admin)
+        faults(
+            cluster,
+            kills,
+            c.sessions,
+            done,
+            rng,
+            report.heal_s,
+            admin,
+            c.heal_timeout_s,
+            report.problems,
+        )
     )
     stop_watching = asyncio.Event()
     watcher = asyncio.create_task(
@@ -215,6 +240,7 @@ def check_end_state(cluster: Cluster, report: ChaosReport) -> None:
         if not isinstance(snap, PoolSnapshot):
             problems.append(f"{r}: invariant check failed: {snap}")
             continue
+        report.leaked += sum(abs(p.leaked) for p in snap.pools)
         unsettled = [p for p in snap.pools if p.leaked or p.free + p.cached != p.capacity]
         problems += [f"{r}: {p.describe()}" for p in unsettled]
     if (held := ray.get(server.router.session_count.remote())) != 0:
@@ -260,6 +286,7 @@ def run_chaos(config: ChaosConfig, namespace: str | None = None) -> ChaosReport:
     if own_ray:  # quiet: the SIGKILLs make Ray log every death at length
         quiet_ray_start_up()
         ray.init(
+            address="local",  # its own: never a cluster named in Ray's current-cluster file
             include_dashboard=False,
             log_to_driver=False,
             logging_level=logging.ERROR,
@@ -282,9 +309,13 @@ def run_chaos(config: ChaosConfig, namespace: str | None = None) -> ChaosReport:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help=f"a short run: {QUICK}")
     for name, default in vars(ChaosConfig()).items():
-        parser.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
-    report = run_chaos(ChaosConfig(**vars(parser.parse_args(argv))))
+        flag, kind = "--" + name.replace("_", "-"), type(default)
+        parser.add_argument(flag, type=kind, default=None, help=f"default {default}")
+    args = vars(parser.parse_args(argv))
+    given = {k: v for k, v in args.items() if v is not None and k != "quick"}
+    report = run_chaos(ChaosConfig(**({**QUICK, **given} if args["quick"] else given)))
     print("\n".join(report.lines()), flush=True)
     return 1 if report.problems else 0
 

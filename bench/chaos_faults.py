@@ -12,6 +12,7 @@ import asyncio
 import os
 import random
 import signal
+import sys
 import threading
 import time
 
@@ -43,12 +44,24 @@ class Cluster:
     def healthy(self) -> set[str]:
         return {v.replica_id for v in self.views() if v.health == ReplicaHealth.HEALTHY}
 
+    def fenced(self, replica_id: str) -> bool:
+        """The router lists ``replica_id`` DEAD, or no longer at all (it forgot it)."""
+        views = self.views()
+        health = {v.replica_id: v.health for v in views}
+        return bool(views) and health.get(replica_id, ReplicaHealth.DEAD) == ReplicaHealth.DEAD
+
+
+def progress(line: str) -> None:
+    """A line on stderr as the run goes (the report comes at the end, on stdout)."""
+    print(f"chaos: {line}", file=sys.stderr, flush=True)
+
 
 def pid_of(handle) -> int:
     return ray.get(handle.__ray_call__.remote(lambda _actor: os.getpid()), timeout=30)
 
 
 KINDS = ("replica", "router", "store", "stop", "migration", "drain")
+STOPPED_MAX_S = 60.0  # a SIGSTOPped replica is continued once fenced, or after this at most
 
 
 def held_by(cluster: Cluster) -> tuple[dict[str, set[str]], dict[str, int]]:
@@ -124,7 +137,13 @@ async def inject(cluster: Cluster, kind: str, rng: random.Random, grpc_admin) ->
     elif kind == "stop":
         pid = await asyncio.to_thread(pid_of, handle)
         os.kill(pid, signal.SIGSTOP)
-        await asyncio.sleep(server.config.router.stale_after_s * 2)  # long enough to be fenced
+        # stopped until fenced: a replica continued before the router saw it stale is healthy
+        # again, and the cluster would wait for its replacement forever
+        deadline = time.monotonic() + STOPPED_MAX_S
+        while not await asyncio.to_thread(cluster.fenced, victim):
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.2)
         try:
             os.kill(pid, signal.SIGCONT)
         except ProcessLookupError:
@@ -158,17 +177,21 @@ async def faults(
     rng: random.Random,
     heal_s: dict[str, list[float]],
     grpc_admin,
+    heal_timeout_s: float,
+    unhealed: list[str],
 ) -> None:
     """Make the faults of ``kills`` (how many of each kind) when the sessions finished
     (``done[0]`` of ``sessions``) cross random fractions of the run; after each, wait until the
     cluster is back to ``--replicas`` healthy replicas without a replica it fenced (a store's
-    death fences nothing), and record how long that took in ``heal_s[kind]``."""
+    death fences nothing), and record how long that took in ``heal_s[kind]``. A fault that has
+    not healed within ``heal_timeout_s`` ends the faults, said in ``unhealed``."""
     replicas = cluster.server.config.replicas
     plan = sorted((rng.uniform(0.1, 0.8), kind) for kind, n in kills.items() for _ in range(n))
     for fraction, kind in plan:
         while done[0] < fraction * sessions:
             await asyncio.sleep(0.05)
         started = time.monotonic()
+        progress(f"{kind} fault at {done[0]}/{sessions} sessions")
         victim = await inject(cluster, kind, rng, grpc_admin)
         if victim is None:
             continue
@@ -178,6 +201,12 @@ async def faults(
             live = cluster.healthy()
             return len(live) >= replicas and fenced not in live
 
+        progress(f"{kind} fault made on {victim} in {time.monotonic() - started:.1f} s")
         while not await asyncio.to_thread(healed):
+            if time.monotonic() - started > heal_timeout_s:
+                unhealed.append(f"{kind} on {victim}: not healed in {heal_timeout_s:.0f} s")
+                progress(unhealed[-1])
+                return
             await asyncio.sleep(0.1)
         heal_s[kind].append(time.monotonic() - started)
+        progress(f"{kind} fault healed in {heal_s[kind][-1]:.1f} s")

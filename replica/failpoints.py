@@ -21,6 +21,19 @@ exists to catch:
   open (``open_sessions``) each raise an ordinary exception inside the actor, once, before
   touching any state (``CallFaults``); the replica stays alive and well, so its callers must
   fail that one call INTERNAL and keep the replica in service (``router.call_errors``).
+- ``import_fails`` / ``import_crashes``: the replica's first (or N-th, ``import_fails:N``)
+  ``import_sessions`` raises an ordinary exception before it touches any state / ends the
+  replica's process once the imported sessions are open in its pools, before it answers (a
+  target that dies mid-import). A migration then fails INTERNAL or UNAVAILABLE with the blame on
+  the target, and the sessions stay on the source and go on there; a failover imports them on
+  another replica (``router.control.migration``, ``router.control.failover``).
+- ``finish_export_fails`` / ``finish_export_crashes``: the first (or N-th) ``finish_export`` of a
+  move that landed raises before it touches any state / ends the source's process: the sessions
+  are on the target and still on the source. The router keeps exactly one copy: the target's
+  if the source is gone, else the source's (the target's is released; ``router.control.landing``).
+The counted faults ``import_*`` and ``finish_export_*`` may also be armed on a live replica, for
+tests and chaos runs, with ``CallFaults.arm`` (through the actor's ``__ray_call__``); each fires
+once.
 """
 
 from __future__ import annotations
@@ -38,7 +51,12 @@ NAMES = (
     "park_copy_fails",
     "park_host_alloc_fails",
     "replica_call_raises",
+    "import_fails",
+    "import_crashes",
+    "finish_export_fails",
+    "finish_export_crashes",
 )
+COUNTED = ("import_fails", "import_crashes", "finish_export_fails", "finish_export_crashes")
 CALLS_THAT_RAISE = ("submit_turns", "open_sessions")  # what replica_call_raises arms, once each
 
 
@@ -80,11 +98,43 @@ class InjectedCallError(RuntimeError):
 
 
 class CallFaults:
-    """The calls still armed to raise once (``replica_call_raises``); empty when it is off.
+    """The calls still armed to raise once (``replica_call_raises``), and the counted faults of
+    ``COUNTED`` still to fire (each once, on its N-th occurrence); empty when none is set.
     Owned by one replica actor, used on its event loop only."""
 
     def __init__(self, names: frozenset[str]) -> None:
         self._armed = set(CALLS_THAT_RAISE) if "replica_call_raises" in names else set()
+        # fault name -> how many more of its occurrences pass before it fires
+        self._countdown = {
+            name: n - 1 for name in COUNTED if (n := occurrence(names, name)) is not None
+        }
+
+    def arm(self, name: str, n: int = 1) -> None:
+        """Make the counted fault ``name`` fire on its ``n``-th occurrence from now, once."""
+        if name not in COUNTED or n < 1:
+            raise ValueError(f"{name}:{n} is not a counted failpoint; those are {COUNTED}")
+        self._countdown[name] = n - 1
+
+    def fires(self, name: str) -> bool:
+        """One occurrence of the counted fault ``name``: whether it fires now (disarming it)."""
+        left = self._countdown.get(name)
+        if left is None:
+            return False
+        if left > 0:
+            self._countdown[name] = left - 1
+            return False
+        del self._countdown[name]
+        return True
+
+    def raise_if(self, name: str, call: str) -> None:
+        """Raise ``InjectedCallError`` in ``call`` if the counted fault ``name`` fires now."""
+        if self.fires(name):
+            raise InjectedCallError(f"failpoint {name}: {call} raised")
+
+    def crash_if(self, name: str) -> None:
+        """End this process at once, as a SIGKILL would, if the counted fault ``name`` fires."""
+        if self.fires(name):
+            os._exit(1)
 
     def trip(self, call: str) -> None:
         """Raise ``InjectedCallError`` if ``call`` is still armed (disarming it)."""

@@ -9,7 +9,8 @@ is ``router.control.migration``, the engine's ``replica.engine.moves.SessionMove
   the ``SessionStates`` record, which stays in Ray's object store for the target to fetch.
 - ``finish_export(ids, moved)``: release them here (they landed) or unmark them (they did not).
 - ``import_sessions(parts)``: open the sessions of records (or ObjectRefs of records) here.
-Every refusal comes back as an ``ActorError``, as in the rest of the actor's API.
+Every refusal comes back as an ``ActorError``, as in the rest of the actor's API. The failpoints
+``import_*`` and ``finish_export_*`` (``replica.failpoints``) fault the last two.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import ray
 from replica.actor.checkpoints import CheckpointCalls
 from replica.actor.engine_host import EngineHost
 from replica.api import ActorError, Exported, Imported, PoolSnapshot, SessionStates
+from replica.failpoints import CallFaults
 
 if TYPE_CHECKING:
     from replica.engine.engine import Engine
@@ -31,10 +33,17 @@ BUSY_POLL_S = 0.01
 
 
 class MoveCalls:
-    def __init__(self, engine: Engine, host: EngineHost, checkpoints: CheckpointCalls) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        host: EngineHost,
+        checkpoints: CheckpointCalls,
+        call_faults: CallFaults,
+    ) -> None:
         self.engine = engine
         self.host = host
         self.checkpoints = checkpoints
+        self.call_faults = call_faults  # import_* and finish_export_* (replica.failpoints)
 
     async def mark_moving(self, session_ids: list[str]) -> Exported | ActorError:
         return await self.host.call(self.engine.moves.mark, session_ids)
@@ -56,14 +65,19 @@ class MoveCalls:
         return (result, None) if isinstance(result, ActorError) else result
 
     async def finish_export(self, session_ids: list[str], moved: bool) -> PoolSnapshot | ActorError:
+        if moved:  # a move that landed: the sessions are on their target and still here
+            self.call_faults.raise_if("finish_export_fails", "finish_export")
+            self.call_faults.crash_if("finish_export_crashes")
         return await self.host.call(self.engine.moves.finish, session_ids, moved)
 
     async def import_sessions(self, parts: list) -> Imported | ActorError:
         """``parts``: ``SessionStates`` records, or ObjectRefs of them (fetched here, straight
         from the object store they are in). With checkpoints on, answers once the sessions'
         first checkpoints here are stored: the state is never in one replica's hands only."""
+        self.call_faults.raise_if("import_fails", "import_sessions")
         records = [await part if isinstance(part, ray.ObjectRef) else part for part in parts]
         imported = await self.host.call(self.engine.moves.import_, records)
+        self.call_faults.crash_if("import_crashes")  # dies with the sessions in its pools
         if not isinstance(imported, ActorError):
             await self.checkpoints.durable([info.session_id for info in imported.opened])
         return imported

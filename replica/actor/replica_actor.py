@@ -87,7 +87,7 @@ class ReplicaActor:
         )
         self.sessions = SessionCalls(self.engine, self.host, faults)
         self.turns = TurnCalls(self.engine, self.host, model.tokenizer, faults)
-        self.moves = MoveCalls(self.engine, self.host, self.checkpoints)
+        self.moves = MoveCalls(self.engine, self.host, self.checkpoints, faults)
         registration = Registration(self.status, self.sessions, self.host, self.checkpoints)
         self.reporter: RouterReporter | None = None
         if router is not None:

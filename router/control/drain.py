@@ -7,7 +7,11 @@ other replicas (``Migrator``): idle and parked ones at once, each running turn's
 as that turn ends; sessions that find no room wait for room. It answers when the replica holds
 no session, or when ``timeout_s`` has passed, with how many moved and how many are left; the
 replica stays draining either way (a later drain moves the rest; ``resume`` takes it back).
-Draining a replica already draining is allowed, and moves what it still holds.
+Draining a replica already draining is allowed, and moves what it still holds. A replica that
+dies during a drain (a call to it finds it dead) fails over (``router.control.failover``); the
+drain answers once that has ended, from its outcome, never from the dead replica's last snapshot:
+``sessions_migrated`` counts the sessions the drain moved and those restored elsewhere,
+``sessions_left`` those lost (without a checkpoint), and the replica is DEAD.
 
 ``migrate_session(session_id, target)`` moves one session (to ``target``, or where placement
 chooses), once its running turn has ended.
@@ -15,6 +19,7 @@ chooses), once its running turn has ended.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -64,6 +69,13 @@ class Drainer:
         if migrate:
             wait = self.drain_timeout_s if timeout_s is None else timeout_s
             migrated = await self._move_all(replica_id, entry, time.monotonic() + wait)
+        if entry.health == ReplicaHealth.DEAD:  # it died during the drain: it failed over
+            dead = self.view(replica_id)  # the serve process may forget it meanwhile
+            outcome = await asyncio.shield(entry.failover) if entry.failover else None
+            restored, lost = (len(outcome.restored), len(outcome.lost)) if outcome else (0, 0)
+            if replica_id in self.replicas:
+                dead = self.view(replica_id)
+            return Drained(dead, migrated + restored, lost)
         view = self.view(replica_id)
         held = view.snapshot.open_sessions if view.snapshot else view.sessions_pinned
         return Drained(view, migrated, held)
@@ -72,7 +84,9 @@ class Drainer:
         """Move every session off the replica until it holds none or ``deadline`` passes."""
         migrated = 0
         while entry.health == ReplicaHealth.DRAINING:
-            held = await entry.replica.list_sessions()
+            held = await self.migrator.call(
+                replica_id, "list_sessions", lambda r: r.list_sessions()
+            )
             left_s = deadline - time.monotonic()
             if isinstance(held, ActorError) or not held or left_s <= 0:
                 break
@@ -80,11 +94,15 @@ class Drainer:
                 list(held), replica_id, MigrationReason.DRAIN, wait_s=left_s
             )
             migrated += len(moved.migrated)
-            if not moved.migrated:  # no room anywhere, or turns outlasting the bound
+            if not moved.migrated and entry.health == ReplicaHealth.DRAINING:
+                # no room anywhere, or turns outlasting the bound
                 await self.wait_for_room(min(NO_ROOM_RETRY_S, max(0.0, left_s)))
-        snapshot = await entry.replica.snapshot(exact=True)
-        if not isinstance(snapshot, ActorError):
-            entry.take(snapshot)
+        if entry.health != ReplicaHealth.DEAD:
+            snapshot = await self.migrator.call(
+                replica_id, "snapshot", lambda r: r.snapshot(exact=True)
+            )
+            if not isinstance(snapshot, ActorError):
+                entry.take(snapshot)
         return migrated
 
     async def resume(self, replica_id: str) -> ReplicaView | ActorError:
@@ -102,7 +120,8 @@ class Drainer:
         return self.view(replica_id)
 
     async def _set_draining(self, entry: ReplicaEntry, draining: bool) -> None:
-        snapshot = await entry.replica.drain(draining=draining)
+        rid = entry.desc.replica_id
+        snapshot = await self.migrator.call(rid, "drain", lambda r: r.drain(draining=draining))
         if not isinstance(snapshot, ActorError):
             entry.take(snapshot)  # placement reads the replica's draining flag from it
         self.replicas.set_draining(entry, draining)

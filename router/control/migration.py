@@ -11,12 +11,14 @@ A move of sessions off ``source``:
    ``import_sessions`` is handed the export's ObjectRef, so the bytes never pass through the
    router or a gateway;
 5. once the target answers (with checkpoints on, after its first checkpoint of each session is
-   stored there), the sessions that landed are pinned to the target (one table write, atomic
-   for every reader), the routes waiting for them are woken, and the source releases them
-   (reason ``migrated``); those that did not land stay on the source, unmarked, and say why in
-   ``Moved.left``.
-A failure at any step leaves each session pinned where its state is (the source, unless the
-target confirmed the import). Moves of one session never overlap: a second waits for the first.
+   stored there), the source releases the sessions that landed (reason ``migrated``), then they
+   are pinned to the target (one table write, atomic for every reader) and the routes waiting
+   for them are woken; those that did not land stay on the source, unmarked, and say why in
+   ``Moved.left``. A release on the source that fails leaves one copy (``Landing``): the
+   target's if the source died, else the source's (the target releases its copy).
+A failure at any step leaves each session pinned where its only copy is (the source, unless the
+target confirmed the import and the source let go): a target that dies mid-import takes nothing
+with it. Moves of one session never overlap: a second waits for the first.
 Only a dead replica is declared dead (``router.call_errors``): a call that raised (an application
 error) leaves its sessions where they are with INTERNAL; an import that could not fetch the
 export (the source's object was lost) blames the source, never the target.
@@ -34,6 +36,7 @@ from replica.actor.client import ReplicaClient
 from replica.api import ActorError, Exported, Imported, MigrationReason, StatusCode
 from router.call_errors import CallFailure, FailureKind, log_failure, object_lost, retrying
 from router.control.api import ReplicaView
+from router.control.landing import Landing
 from router.control.moving import MovingSessions
 from router.control.placement import choose_replica
 from router.control.registry import ReplicaRegistry
@@ -70,6 +73,7 @@ class Migrator:
         self.view = view
         self.on_dead = on_dead
         self.claims = MovingSessions(sessions)
+        self.landing = Landing(replicas, self.call)
 
     async def move(
         self,
@@ -89,7 +93,7 @@ class Migrator:
             if sid not in claimed
         }
         try:
-            marked = await self._on(
+            marked = await self.call(
                 source, "mark_moving", lambda r: r.mark_moving(session_ids=list(claimed))
             )
             if isinstance(marked, ActorError):
@@ -109,13 +113,13 @@ class Migrator:
         self, sid: str, source: str, reason: MigrationReason, target: str | None, wait_s: float
     ) -> Moved:
         """Move one session once its running turn has ended."""
-        still = await self._on(
+        still = await self.call(
             source,
             "wait_turns_ended",
             lambda r: r.wait_turns_ended(session_ids=[sid], wait_s=wait_s),
         )
         if isinstance(still, ActorError) or still:
-            await self._on(
+            await self.call(
                 source, "finish_export", lambda r: r.finish_export(session_ids=[sid], moved=False)
             )
             why = still if isinstance(still, ActorError) else _still_busy(sid)
@@ -146,7 +150,7 @@ class Migrator:
                     else:
                         left[sid] = why
         if left:
-            await self._on(
+            await self.call(
                 source,
                 "finish_export",
                 lambda r: r.finish_export(session_ids=list(left), moved=False),
@@ -209,18 +213,15 @@ class Migrator:
         if isinstance(imported, ActorError):
             return [], {**refused, **dict.fromkeys(exported.exported, imported)}
         dst.take(imported.snapshot)
-        landed = [info.session_id for info in imported.opened]
-        self.claims.land(landed, target)
         refused.update(imported.refused)
-        finished = await self._on(
-            source, "finish_export", lambda r: r.finish_export(session_ids=landed, moved=True)
-        )
-        if not isinstance(finished, ActorError):
-            src.take(finished)
+        opened = [info.session_id for info in imported.opened]
+        landed, back = await self.landing.finish(opened, source, target)
+        self.claims.land(landed, target)
+        refused.update(back)
         src.migrated[reason.value] += len(landed)
         return landed, refused
 
-    async def _on(
+    async def call(
         self, replica_id: str, method: str, call: Callable[[ReplicaClient], Awaitable[T]]
     ) -> T | ActorError:
         """``call(replica)``, the replica's ``method``; an ActorError when the replica is gone
