@@ -41,9 +41,8 @@ def arrays(record: SessionStates) -> tuple:
 
 
 def checkpoint(engine, session_id: str) -> SessionStates:
-    (record,) = [
-        r for r in engine.session_ops.take_checkpoints().saved if r.sessions[0].session_id == session_id
-    ]
+    saved = engine.session_ops.take_checkpoints().saved
+    (record,) = [r for r in saved if r.sessions[0].session_id == session_id]
     return record
 
 
