@@ -161,7 +161,7 @@ class CheckpointFiles:
         for session_id in session_ids:
             try:
                 record = self.load(session_id)
-            except CheckpointFileError as exc:
+            except (CheckpointFileError, OSError) as exc:  # untrusted, or the volume failed
                 log.error("checkpoint of %s refused: %s", session_id, exc)
                 continue
             if record is not None:
