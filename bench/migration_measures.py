@@ -76,8 +76,8 @@ async def migration_vs_copy(cluster: LocalCluster, sessions: int) -> tuple[list,
     """Each of ``sessions`` sessions with a ``HISTORY``-token history moves from the first
     replica to the second (MigrateSession through the router), and as many bytes take a plain
     copy between the same processes, in turn: (migration seconds, copy seconds, bytes)."""
-    router, (first, second) = cluster.server.router, sorted(cluster.server.replicas)
-    handles = cluster.server.replicas
+    router, (first, second) = cluster.server.router, sorted(cluster.replicas)
+    handles = cluster.replicas
     client = AsyncSessionClient(cluster.server.grpc_address)
     async with cluster.on_first_replica():
         opened = [await open_with_history(client, 900 + i, HISTORY) for i in range(sessions)]
@@ -103,7 +103,7 @@ async def migration_vs_copy(cluster: LocalCluster, sessions: int) -> tuple[list,
 async def drain_s(cluster: LocalCluster) -> tuple[float, int, int]:
     """DrainReplica(migrate=true) of the first replica holding ``DRAINED`` sessions (each with a
     ``DRAIN_HISTORY``-token history): (seconds, sessions migrated, sessions left)."""
-    router, first = cluster.server.router, sorted(cluster.server.replicas)[0]
+    router, first = cluster.server.router, sorted(cluster.replicas)[0]
     client = AsyncSessionClient(cluster.server.grpc_address)
     async with cluster.on_first_replica():
         opened = [await open_with_history(client, i, DRAIN_HISTORY) for i in range(DRAINED)]
@@ -126,7 +126,7 @@ async def turn_latencies(cluster: LocalCluster, turns: int) -> tuple[list[float]
     written per turn on its replica)."""
     client = AsyncSessionClient(cluster.server.grpc_address)
     sid, replica = await open_with_history(client, 7, TURN_HISTORY)
-    handle = cluster.server.replicas[replica]
+    handle = cluster.replicas[replica]
     before = (await handle.snapshot.remote(True)).checkpoints
     seconds = []
     for n in range(turns):

@@ -68,7 +68,7 @@ async def one_repetition(
     """Latencies in ms of each call in ``CALLS`` on a session opened for this repetition, taken
     in ``BLOCKS`` alternating blocks so that a change of load falls on every call alike."""
     session_id, replica_id = await grpc.open_session()
-    handle = cluster.server.replicas[replica_id]
+    handle = cluster.replicas[replica_id]
     samples: dict[str, list[float]] = {call: [] for call in CALLS}
     try:
         for _ in range(BLOCKS):

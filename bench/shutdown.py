@@ -24,7 +24,8 @@ from bench.harness.stats import Spread
 from protos import session_router_pb2 as pb
 from protos import session_router_pb2_grpc as pb_grpc
 from router.config import ServeConfig
-from router.ops.serve import REPLICA_SHUTDOWN_TIMEOUT_S, Server
+from router.control.fleet import REPLICA_SHUTDOWN_TIMEOUT_S
+from router.ops.serve import Server
 
 SESSIONS_PER_REPLICA = 4
 

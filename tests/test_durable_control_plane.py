@@ -1,7 +1,9 @@
 """The deployment belongs to the cluster, not to the ``serve`` that made it: on a ``ray start
---head`` cluster, a ``serve`` killed with SIGKILL leaves its router, replicas and stores running
-(detached actors); the next ``serve --address`` attaches to them and every session continues
-exactly where it was (transformers' greedy tokens on the same sequence). A serve that asks for
+--head`` cluster, a ``serve`` killed with SIGKILL leaves its router, controller, replicas and
+stores running (detached actors); while no serve runs, the controller still replaces a replica
+that dies (its sessions fail over to the replacement); the next ``serve --address`` attaches to
+them and every session continues exactly where it was (transformers' greedy tokens on the same
+sequence). A serve that asks for
 another model is refused, saying what differs; one whose added replica cannot start exits
 without touching the deployment. A clean SIGTERM, and ``session-router stop`` after
 a crash, leave no actor in the namespace. Run as a user runs them: console scripts in
@@ -10,6 +12,7 @@ subprocesses with a fresh shell's environment."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -19,10 +22,10 @@ from pathlib import Path
 import pytest
 
 from router.client import SessionClient
-from router.control.api import ROUTER_NAME
+from router.control.api import CONTROLLER_NAME, ROUTER_NAME
 from router.control.response_store import RESPONSES_NAME
 from tests.support.bpe_peer import save_bpe_peer
-from tests.support.cluster import drain_stream
+from tests.support.cluster import drain_stream, wait_for
 from tests.support.hf_peer import hf_greedy
 from tests.support.serve_process import (
     REPO,
@@ -37,7 +40,10 @@ from tests.support.serve_process import (
 BIN = Path(sys.executable).parent
 CURRENT_CLUSTER = Path("/tmp/ray/ray_current_cluster")
 NAMESPACE = "durable-test"
-NAMES = [ROUTER_NAME, "replica-0", "replica-0-checkpoints", RESPONSES_NAME]
+NAMES = [ROUTER_NAME, CONTROLLER_NAME, "replica-0", "replica-0-checkpoints", RESPONSES_NAME]
+# a replacement of replica-0 takes the next id the controller has not used (replica-1 went to
+# a start that failed)
+REPLACED = [ROUTER_NAME, CONTROLLER_NAME, "replica-2", "replica-2-checkpoints", RESPONSES_NAME]
 CHECK = """
 import json, sys
 from router.ops import ray_join
@@ -52,6 +58,15 @@ for name in sys.argv[3:]:
     except ValueError:
         pass
 print(json.dumps(alive))
+"""
+PID = """
+import json, os, sys
+from router.ops import ray_join
+ray_join.prepare(sys.argv[1])
+import ray
+ray_join.connect(sys.argv[1], sys.argv[2], logging_level="ERROR", log_to_driver=False)
+actor = ray.get_actor(sys.argv[3])
+print(json.dumps(ray.get(actor.__ray_call__.remote(lambda self: os.getpid()), timeout=60)))
 """
 
 
@@ -97,17 +112,24 @@ def checkpoint(tmp_path_factory):
 def serve_args(address: str, model: str) -> list[str]:
     return ["--address", address, "--namespace", NAMESPACE, "--model", model,
             "--replicas", "1", "--max-sessions", "4", "--kv-tokens", "1024",
-            "--max-context", "256"]  # fmt: skip
+            "--max-context", "256",
+            # a failover waits this long for room: a replacement replica on a busy machine
+            "--open-timeout-s", "120"]  # fmt: skip
 
 
-def alive(head, names=NAMES) -> list[str]:
+def run_script(head, script: str, *args: str):
+    """``script`` run in a fresh Python on the cluster: what it printed last, as JSON."""
     home, address = head
     result = subprocess.run(
-        [sys.executable, "-c", CHECK, address, NAMESPACE, *names],
+        [sys.executable, "-c", script, address, NAMESPACE, *args],
         capture_output=True, text=True, timeout=120, env=user_env(HOME=str(home)), cwd=REPO,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def alive(head, names=NAMES) -> list[str]:
+    return run_script(head, CHECK, *names)
 
 
 def turn(address: str, session_id: str | None, tokens: list[int]) -> tuple[str, list[int]]:
@@ -148,6 +170,12 @@ def test_a_crashed_serve_leaves_the_sessions_to_the_next(head, checkpoint, tmp_p
     assert "attached to the deployment" in tail(tmp_path / "serve-failed.log")
     assert set(alive(head, [*NAMES, "replica-1"])) == set(NAMES), "a failed start removed actors"
 
+    # with no serve running, a replica dies: the controller replaces it, and the router fails
+    # its sessions over to the replacement from their checkpoints
+    os.kill(run_script(head, PID, "replica-0"), signal.SIGKILL)
+    wait_for(lambda: set(alive(head, [*NAMES, *REPLACED])) == set(REPLACED), 180, 1.0,
+             "the controller to replace replica-0 while no serve runs")  # fmt: skip
+
     second = ServeProcess.start(tmp_path / "serve-2.log", serve_args(address, model),
                                 env={"HOME": str(home)})  # fmt: skip
     assert "attached to the deployment" in tail(second.log)
@@ -155,7 +183,7 @@ def test_a_crashed_serve_leaves_the_sessions_to_the_next(head, checkpoint, tmp_p
         _, out = turn(second.grpc_address, session_id, [13, 14])
         assert out == hf_greedy(hf, history + [13, 14], 4)
     assert second.stop(signal.SIGTERM, timeout=60) == 0
-    assert alive(head) == []
+    assert alive(head, [*NAMES, *REPLACED]) == []
 
 
 def test_stop_ends_a_deployment_whose_serve_crashed(head, checkpoint, tmp_path):

@@ -79,8 +79,8 @@ def test_a_replica_is_added_under_session_pressure_and_a_light_one_drained_away(
             assert session.close()
         # `first` holds 1 session, `added` 2: `first`'s fits in `added`'s room with 3 to spare
         wait_for(lambda: set(listed(server)) == {added}, 60, 0.2, f"{first} to be removed")
-        assert set(server.replicas) == {added} and set(server.server.stores) <= {added}
-        assert server.server.supervisor.target == 1 and not server.server.starting
+        assert set(server.replicas) == {added} and set(server.stores) <= {added}
+        assert server.fleet().target == 1 and not server.fleet().starting
         server.assert_no_leaks([added])
 
         # the moved session goes on where it was: the same tokens as one that never moved

@@ -52,7 +52,7 @@ def test_sessions_without_a_checkpoint_are_opened_again_on_a_replica_death(serve
     doomed = [s for s in sessions if s.replica_id == victim]
     assert doomed and len(doomed) < len(sessions)
     # the victim's store holds no checkpoint of any of them (the failpoint): only a reopen saves
-    store = server.server.stores[victim]
+    store = server.stores[victim]
     assert ray.get(store.stats.remote(), timeout=30)[0] == 0
 
     running = doomed[0].generate(tokens=[3, 4], max_new_tokens=400)

@@ -138,7 +138,7 @@ def test_sessions_survive_a_sigkill_of_their_replica(server):
     server.wait_at_capacity(live)
     assert_no_checkpoints_left(server, live)
     with pytest.raises(ray.exceptions.RayActorError):  # the dead replica's store was ended
-        ray.get(server.server.stores[victim].stats.remote(), timeout=30)
+        ray.get(server.stores[victim].stats.remote(), timeout=30)
     client.close()
 
 
@@ -147,7 +147,7 @@ def assert_no_checkpoints_left(server, replica_ids) -> None:
     its ``checkpoints`` pool is at capacity with nothing leaked."""
 
     def empty() -> bool:
-        stores = [server.server.stores[r] for r in replica_ids]
+        stores = [server.stores[r] for r in replica_ids]
         return all(held == 0 for held, _ in ray.get([s.stats.remote() for s in stores]))
 
     wait_for(empty, 30, 0.05, "the checkpoint stores to be empty")
@@ -190,7 +190,7 @@ class Conversation:
 
 def test_a_drain_with_migration_while_another_replica_dies(server):
     server.wait_healed()
-    (extra,) = server.call(server.server.start_replicas(1))
+    (extra,) = server.start_replicas(1)
     client = SessionClient(server.address)
     wait_for(
         lambda: any(r.replica_id == extra and r.pools for r in client.replicas()),
@@ -239,7 +239,7 @@ def test_a_replica_killed_with_its_store_is_restored_from_files(server, checkpoi
             done[s.id].append((seed, ids, at))
     victim = sessions[0].replica_id
     assert any((checkpoint_dir / victim).iterdir())
-    pids = pid_of(server.server.stores[victim]), pid_of(server.replicas[victim])
+    pids = pid_of(server.stores[victim]), pid_of(server.replicas[victim])
     for pid in pids:  # as when the node that held both dies
         os.kill(pid, signal.SIGKILL)
 

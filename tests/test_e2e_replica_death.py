@@ -102,7 +102,7 @@ def test_router_detects_a_silent_death(server):
     mark it DEAD on their own, and placement stops choosing it. It was an extra replica
     (beyond --replicas), so it is not replaced."""
     server.wait_healed()
-    (added,) = server.call(server.server.start_replicas(1))
+    (added,) = server.start_replicas(1)
     client = SessionClient(server.address)
 
     def state_of(replica_id: str) -> int:
@@ -216,7 +216,7 @@ def test_a_paused_replica_is_declared_dead_killed_and_replaced(server):
 def test_drain_replica_keeps_its_sessions_and_takes_no_new_ones(server):
     client = SessionClient(server.address)
     server.wait_healed()
-    (added,) = server.call(server.server.start_replicas(1))
+    (added,) = server.start_replicas(1)
     wait_for(
         lambda: any(r.replica_id == added and r.pools for r in client.replicas()),
         10,

@@ -112,7 +112,7 @@ def test_a_session_continues_through_any_gateway_and_outlives_the_one_it_was_ope
 
 def test_a_joined_gateway_follows_its_sessions_through_a_drain_with_migration(server, gateways):
     b = gateways[1]
-    (extra,) = server.call(server.server.start_replicas(1))
+    (extra,) = server.start_replicas(1)
     with SessionClient(b.address) as via_b, SessionClient(server.address) as via_serve:
         wait_for(
             lambda: any(r.replica_id == extra and r.pools for r in via_serve.replicas()),

@@ -15,7 +15,6 @@ import pytest
 import ray
 
 from protos import session_router_pb2 as pb
-from replica import failpoints
 from replica.api import Opened
 from router.client import SessionClient
 from tests.support.prometheus import Prometheus
@@ -35,9 +34,7 @@ def server(ray_cluster):
 def silent_replica(server) -> str:
     """One more replica, started with ``drop_snapshots``: it serves and answers pings but pushes
     no snapshot of its own (opens and closes through the router still bring one back)."""
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv(failpoints.ENV_VAR, "drop_snapshots")
-        (replica_id,) = server.call(server.server.start_replicas(1))
+    (replica_id,) = server.start_replicas(1, frozenset({"drop_snapshots"}))
     return replica_id
 
 

@@ -236,7 +236,7 @@ def test_aborted_after_the_replica_died(server, alice):
     victim = sessions[0].replica_id
     for s in sessions:
         drain_stream(s.generate(tokens=[1, 2], max_new_tokens=2))
-    ray.kill(server.server.stores[victim], no_restart=True)
+    ray.kill(server.stores[victim], no_restart=True)
     ray.kill(server.replicas[victim], no_restart=True)
     doomed = [s for s in sessions if s.replica_id == victim]
     for s in doomed:

@@ -26,7 +26,7 @@ import ray
 
 from replica.checkpoints.holds import HOLD_S
 from router.client import SessionClient
-from router.ops.serve import Server
+from router.control.fleet import Fleet
 from tests.support.cluster import ServerThread, drain_stream, tokens, wait_for
 from tests.support.metrics import parse_samples, select
 
@@ -83,6 +83,11 @@ class Turns:
             n += 1
 
 
+def same_actor(a, b) -> bool:
+    """Whether two handles name one actor (handles that crossed Ray are new objects)."""
+    return a._actor_id == b._actor_id
+
+
 def checkpoint_state(server, replica_id: str) -> tuple[int, int, int]:
     """(unprotected sessions, checkpoints held by the store, sessions open) of an exact
     snapshot."""
@@ -112,7 +117,7 @@ def test_a_dead_store_is_replaced_and_its_sessions_checkpointed_again(server):
         what="/metrics to show every session protected",
     )
     slowest_before = max(took for load in loads for _, took in load.took)
-    old_store = server.server.stores[victim]
+    old_store = server.stores[victim]
 
     killed_at = time.monotonic()
     sigkill(old_store)
@@ -120,23 +125,24 @@ def test_a_dead_store_is_replaced_and_its_sessions_checkpointed_again(server):
     while time.monotonic() - killed_at < 90:
         unprotected, held, open_ = checkpoint_state(server, victim)
         seen_unprotected = max(seen_unprotected, unprotected)
-        if server.server.stores[victim] is not old_store and (unprotected, held) == (0, open_):
+        replaced = not same_actor(server.stores[victim], old_store)
+        if replaced and (unprotected, held) == (0, open_):
             break
         time.sleep(0.02)
     recovered_s = time.monotonic() - killed_at
     assert seen_unprotected > 0  # the sessions were unprotected while no store held them
     assert (unprotected, held, open_) == (0, len(mine), len(mine))
     assert recovered_s < 60, recovered_s  # seconds here; most of it is a new worker's start
-    new_store = server.server.stores[victim]
-    assert new_store is not old_store
+    new_store = server.stores[victim]
+    assert not same_actor(new_store, old_store)
     held_by_new, _ = ray.get(new_store.stats.remote(), timeout=30)
     assert held_by_new == len(mine)
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(old_store.stats.remote(), timeout=30)
-    # a serve that takes the deployment over (after a crash of this one) supervises the new
-    # store, whose name is not the first one's
-    taker = Server(server.config)
-    server.call(taker.adopt(server.server.router))
+    # a controller that takes the deployment over (Ray restarted it) supervises the new store,
+    # whose name is not the first one's
+    taker = Fleet(server.config, server.server.router)
+    server.call(taker.adopt())
     assert pid_of(taker.stores[victim]) == pid_of(new_store)
     wait_for(
         lambda: (
@@ -213,7 +219,7 @@ def test_a_hung_store_holds_no_turn_up_and_follows_again(server):
     wait_for(lambda: all(len(load.took) >= 2 for load in loads), 120, 0.05, "two turns each")
     wait_all_checkpointed(server, victim, len(mine), 10, "every session of the victim checkpointed")
     slowest_before = max(took for load in loads for _, took in load.took)
-    store = server.server.stores[victim]
+    store = server.stores[victim]
     pid = ray.get(store.__ray_call__.remote(lambda actor: os.getpid()), timeout=30)
 
     stopped_at = time.monotonic()
@@ -230,7 +236,7 @@ def test_a_hung_store_holds_no_turn_up_and_follows_again(server):
     wait_all_checkpointed(
         server, victim, len(mine), 30, "the store to follow again and hold every session"
     )
-    assert server.server.stores[victim] is store  # the same store, following again
+    assert same_actor(server.stores[victim], store)  # the same store, following again
     assert ray.get(store.following.remote(), timeout=30)
     for load in loads:
         load.stop.set()

@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 import ray
 
-from router.ops.scheduling import ReplicaStartError
+from router.control.reattach import named_replicas
+from router.control.scheduling import ReplicaStartError
 from tests.support.cluster import ServerThread, drain_stream
 from tests.support.servers import grpc_client, serve_cluster
 
@@ -38,4 +39,5 @@ def test_replicas_that_cannot_be_scheduled_are_reported(ray_cluster):
     assert f"GPU {gpus + 1:g}" in message  # what each replica asked for
     assert f"the cluster has GPU {gpus:g}" in message  # and what there is
     assert "cannot be scheduled" in message and "--replica-gpus" in message
-    assert srv.server.replicas == {}  # nothing half-started is left holding resources
+    # nothing half-started is left holding resources
+    assert named_replicas(srv.config.namespace) == set()

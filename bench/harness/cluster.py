@@ -18,6 +18,7 @@ from bench.harness.grpc_driver import GrpcDriver
 from bench.harness.profile import GatewayProfile
 from replica.config import ReplicaConfig
 from router.config import ServeConfig
+from router.control.fleet import replica_threads
 from router.ops.serve import Server
 
 
@@ -28,6 +29,7 @@ class LocalCluster:
     def __init__(self, server: Server, profile: GatewayProfile) -> None:
         self.server = server
         self.profile = profile
+        self.replicas: dict[str, Any] = {}  # id -> handle, as the controller started them
         self._grpc: GrpcDriver | None = None
 
     @property
@@ -37,12 +39,12 @@ class LocalCluster:
     @property
     def handles(self) -> list[Any]:
         """The replica actors, in replica id order."""
-        return [self.server.replicas[r] for r in sorted(self.server.replicas)]
+        return [self.replicas[r] for r in sorted(self.replicas)]
 
     @property
     def threads(self) -> int:
         """Torch threads each replica runs with (the setting, or serve's default)."""
-        return self.server.replica_threads()
+        return replica_threads(self.config)
 
     @property
     def replica_config(self) -> ReplicaConfig:
@@ -59,7 +61,7 @@ class LocalCluster:
     async def on_first_replica(self) -> AsyncIterator[None]:
         """While inside, the router places new sessions on the first replica only (the others
         are draining)."""
-        others = sorted(self.server.replicas)[1:]
+        others = sorted(self.replicas)[1:]
         for replica_id in others:
             await self.server.router.drain.remote(replica_id)
         try:
@@ -108,6 +110,7 @@ async def local_cluster(
     t0 = time.perf_counter()
     try:
         await server.start()
+        cluster.replicas = (await server.controller.fleet_view()).replicas
         await asyncio.gather(*(handle.ping.remote() for handle in cluster.handles))
         cluster.print_setup(time.perf_counter() - t0)
         yield cluster

@@ -1,7 +1,8 @@
 """The types the gateways (and the serve process) share with the control plane: what the router
 answers across Ray. ``Route``: where a session lives (its replica, with the typed calls to it);
 ``ReplicaView``: what the router knows of a replica, never pool internals; ``Drained`` and
-``FailoverOutcome``: the answers of a drain and of a replica's death. Frozen values, made by the
+``FailoverOutcome``: the answers of a drain and of a replica's death; ``ScalingReport`` and
+``FleetView``: what the controller answers. Frozen values, made by the
 router and read by everyone else; nothing here reaches into the router's tables.
 """
 
@@ -15,6 +16,7 @@ from replica.actor.client import ReplicaClient
 from replica.api import PoolSnapshot, SessionInfo
 
 ROUTER_NAME = "session-router"  # the router actor's name in serve's Ray namespace
+CONTROLLER_NAME = "session-router-controller"  # supervision and autoscaling, same namespace
 
 
 class ReplicaHealth(enum.IntEnum):
@@ -109,3 +111,26 @@ class FailoverOutcome:
 
     restored: dict[str, int] = field(default_factory=dict)
     lost: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class ScalingReport:
+    """What the autoscaler goes by and what it did: the replicas the cluster should have, the
+    free session room it last counted, and its steps so far by (direction, reason)."""
+
+    desired: int
+    room: int = 0
+    steps: dict[tuple[str, str], int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetView:
+    """The controller's replicas (id -> handle) and their checkpoint stores, the ids still
+    starting, the replica count it keeps, and how many replicas and stores it replaced."""
+
+    replicas: dict[str, Any]
+    stores: dict[str, Any]
+    starting: frozenset[str]
+    target: int
+    replicas_replaced: int
+    stores_replaced: int

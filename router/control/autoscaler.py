@@ -21,9 +21,9 @@ room: the new sessions its healthy replicas can still take, in GPU slots and in 
   cut: a replica whose sessions could not all move within ``--drain-timeout-s`` (no room after
   all) is resumed, keeping those left.
 
-Each step is logged with why, and counted in ``session_router_scaling_steps_total{direction,
-reason}``; ``session_router_replicas_desired`` and ``session_router_free_session_room`` show
-what the autoscaler goes by.
+Each step is logged with why, and counted in its ``ScalingReport`` (served on /metrics as
+``session_router_scaling_steps_total{direction,reason}``; ``session_router_replicas_desired``
+and ``session_router_free_session_room`` show what the autoscaler goes by).
 """
 
 from __future__ import annotations
@@ -39,11 +39,11 @@ import ray
 from replica.actor.client import ReplicaClient
 from replica.api import ActorError
 from router.config import ScalingConfig
-from router.control.api import Drained, ReplicaView
+from router.control.api import Drained, ReplicaView, ScalingReport
 from router.control.client import RouterClient
+from router.control.fleet import Fleet
 from router.control.periodic import Periodic
 from router.control.placement import is_healthy, session_room
-from router.control.scaling_metrics import ScalingMetrics
 from router.control.supervisor import ReplicaSupervisor
 
 log = logging.getLogger(__name__)
@@ -56,26 +56,20 @@ class Autoscaler:
         self,
         config: ScalingConfig,
         bounds: tuple[int, int],
-        replicas: dict[str, Any],
-        stores: dict[str, Any],
-        starting: set[str],
+        fleet: Fleet,
         supervisor: ReplicaSupervisor,
         router: RouterClient,
-        metrics: ScalingMetrics,
         interval_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``bounds``: (fewest, most) replicas; ``replicas``/``stores``/``starting``: the serve
-        process's own maps of replica handles and their checkpoint stores, and the ids still
-        starting (shared with the supervisor, whose ``target`` this changes)."""
+        """``bounds``: (fewest, most) replicas; ``fleet``: the replicas it counts and removes
+        (shared with the supervisor, whose ``target`` this changes)."""
         self.config = config
         self.fewest, self.most = bounds
-        self.replicas = replicas
-        self.stores = stores
-        self.starting = starting
+        self.fleet = fleet
         self.supervisor = supervisor
         self.router = router
-        self.metrics = metrics
+        self.report = ScalingReport(desired=supervisor.target)
         self.clock = clock
         self._low_since: float | None = None  # room below the threshold since
         self._spare_since: float | None = None  # a replica's room unneeded since
@@ -92,16 +86,16 @@ class Autoscaler:
         views = await self.router.views(retry=False)
         if isinstance(views, ActorError):
             return  # the router is restarting
-        views = [v for v in views if v.replica_id in self.replicas]
+        views = [v for v in views if v.replica_id in self.fleet.replicas]
         room = sum(session_room(v) for v in views)
-        self.metrics.observe(room, self.supervisor.target)
+        self.report.room, self.report.desired = room, self.supervisor.target
         now, threshold = self.clock(), self.config.scale_up_free_sessions
         self._low_since = (self._low_since or now) if room < threshold else None
         spare = self._spare(views, room, 2 * threshold)
         self._spare_since = (self._spare_since or now) if spare else None
-        if self.starting or len(self.replicas) < self.supervisor.target:
+        if self.fleet.starting or len(self.fleet.replicas) < self.supervisor.target:
             return  # one step at a time: a replica on its way changes the room
-        live = len(self.replicas)
+        live = len(self.fleet.replicas)
         if self._low_since is not None and now - self._low_since >= self.config.scale_up_after_s:
             if live < self.most:
                 why = f"free session room {room} < {threshold} for {now - self._low_since:.0f}s"
@@ -123,8 +117,9 @@ class Autoscaler:
     def _scaled(self, direction: str, reason: str, why: str, replicas: int) -> None:
         if direction == "up":
             self.supervisor.target += 1
-        self.metrics.step(direction, reason)
-        self.metrics.desired.set(self.supervisor.target)
+        steps = self.report.steps
+        steps[direction, reason] = steps.get((direction, reason), 0) + 1
+        self.report.desired = self.supervisor.target
         log.warning("autoscaler: scaling %s to %d replicas: %s", direction, replicas, why)
 
     async def _remove(self, view: ReplicaView, room: int) -> None:
@@ -140,13 +135,13 @@ class Autoscaler:
             log.warning("autoscaler: %s kept %s sessions in its drain; it stays", replica_id, left)
             await self.router.resume(replica_id=replica_id)
             return
-        handle, store = self.replicas.pop(replica_id), self.stores.pop(replica_id, None)
+        handle, store = self.fleet.pop(replica_id)
         self.supervisor.target -= 1
         others = room - session_room(view)
         moved = drained.sessions_migrated
         reason = "light_load" if moved else "idle"
         why = f"{replica_id}'s {moved} sessions fitted in the others' free session room {others}"
-        self._scaled("down", reason, why, len(self.replicas))
+        self._scaled("down", reason, why, len(self.fleet.replicas))
         await stop_replica(handle, store)
 
 

@@ -1,4 +1,5 @@
-"""The autoscaler's metrics, on the /metrics of ``serve``: what it goes by and each step it took.
+"""The autoscaler's metrics, on the /metrics of ``serve``: what it goes by and each step it took,
+copied from the controller's ``ScalingReport`` (``show``) about every second.
 
 - ``session_router_replicas_desired`` gauge: the replicas the cluster should have now
   (``--replicas`` without autoscaling; what the autoscaler chose with it);
@@ -12,6 +13,8 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from router.control.api import ScalingReport
 
 
 class ScalingMetrics:
@@ -33,10 +36,14 @@ class ScalingMetrics:
             registry=registry,
         )
         self.desired.set(desired)
+        self._shown: dict[tuple[str, str], int] = {}  # steps counted so far, by label pair
 
-    def observe(self, room: int, desired: int) -> None:
-        self.room.set(room)
-        self.desired.set(desired)
-
-    def step(self, direction: str, reason: str) -> None:
-        self.steps.labels(direction=direction, reason=reason).inc()
+    def show(self, report: ScalingReport) -> None:
+        """The report's figures; its steps are totals, so only what is new is counted."""
+        self.room.set(report.room)
+        self.desired.set(report.desired)
+        for (direction, reason), total in report.steps.items():
+            new = total - self._shown.get((direction, reason), 0)
+            if new > 0:
+                self.steps.labels(direction=direction, reason=reason).inc(new)
+                self._shown[direction, reason] = total

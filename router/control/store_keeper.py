@@ -24,6 +24,7 @@ from replica.actor.client import ReplicaClient
 from replica.checkpoints.store_client import CheckpointStoreClient
 from router.control.checkpoint_stores import start_store
 from router.control.client import RouterClient
+from router.control.fleet import Fleet
 
 log = logging.getLogger(__name__)
 
@@ -32,23 +33,14 @@ DEAD, IDLE, FOLLOWING = "dead", "idle", "following"  # what a probe finds a stor
 
 
 class StoreKeeper:
-    def __init__(
-        self,
-        replicas: dict[str, Any],
-        stores: dict[str, Any],
-        starting: set[str],
-        router: RouterClient,
-        namespace: str,
-        checkpoint_dir: str = "",
-    ) -> None:
-        """``replicas`` and ``stores`` are the serve process's own maps (id -> handle), shared;
-        ``stores`` is updated here; a new store writes to ``checkpoint_dir`` too, if set."""
-        self.checkpoint_dir = checkpoint_dir
-        self.replicas = replicas
-        self.stores = stores
-        self.starting = starting
+    def __init__(self, fleet: Fleet, router: RouterClient) -> None:
+        """``fleet``: the replicas whose stores it keeps (its ``stores`` map is updated here; a
+        new store writes to the deployment's ``--checkpoint-dir`` too, if set)."""
+        self.fleet = fleet
+        self.replicas = fleet.replicas
+        self.stores = fleet.stores
+        self.starting = fleet.starting
         self.router = router
-        self.namespace = namespace
         self.replaced = 0
         self.generations: dict[str, int] = {}  # replica id -> stores it has had, less one
 
@@ -94,8 +86,9 @@ class StoreKeeper:
         replica = self.replicas[replica_id]
         desc = await ReplicaClient(replica).describe()
         self.generations[replica_id] = generation = self.generations.get(replica_id, 0) + 1
+        cfg = self.fleet.config
         store = await start_store(
-            replica_id, replica, desc.node_id, self.namespace, generation, self.checkpoint_dir
+            replica_id, replica, desc.node_id, cfg.namespace, generation, cfg.router.checkpoint_dir
         )
         taken = await self.router.replace_checkpoint_store(replica_id=replica_id, store=store)
         if taken is not True:

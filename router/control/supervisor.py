@@ -1,6 +1,6 @@
 """``ReplicaSupervisor``: keeps the cluster at ``--replicas`` live replicas.
 
-Every ``interval_s`` it compares the replicas the serve process started with the router's views.
+Every ``interval_s`` it compares the fleet's replicas with the router's views.
 A replica the router declares DEAD (a failed call, its engine loop died, stale snapshots), or one
 the router no longer lists that does not answer ``ping`` (a router that restarted while it died),
 is killed for good (its process may live on with a dead engine, holding its GPU) and forgotten;
@@ -16,13 +16,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import ray
 
 from replica.actor.client import ReplicaClient
 from replica.api import ActorError
 from router.control.api import ReplicaHealth, ReplicaView
+from router.control.fleet import Fleet
 from router.control.periodic import Periodic
 from router.control.store_keeper import StoreKeeper
 
@@ -34,20 +34,16 @@ PING_TIMEOUT_S = 5.0
 class ReplicaSupervisor:
     def __init__(
         self,
-        replicas: dict[str, Any],
-        starting: set[str],
+        fleet: Fleet,
         views: Callable[[], Awaitable[list[ReplicaView] | ActorError]],
-        start_replicas: Callable[[int], Awaitable[list[str]]],
         target: int,
         interval_s: float = 1.0,
         stores: StoreKeeper | None = None,
     ) -> None:
-        """``replicas`` is the serve process's own map (id -> handle), shared and updated;
-        ``starting`` the ids among them still starting (not judged yet)."""
-        self.replicas = replicas
-        self.starting = starting
+        """``fleet``: the replicas it judges (those still starting are not judged yet) and
+        replaces; ``target``: the live replicas it keeps (the autoscaler changes it)."""
+        self.fleet = fleet
         self.views = views
-        self.start_replicas = start_replicas
         self.target = target
         self.stores = stores
         self.replaced = 0
@@ -65,11 +61,12 @@ class ReplicaSupervisor:
         if isinstance(views, ActorError):
             return  # the router is restarting: nothing is known to be dead
         health = {view.replica_id: view.health for view in views}
-        for replica_id in [r for r in self.replicas if r not in self.starting]:
+        fleet = self.fleet
+        for replica_id in [r for r in fleet.replicas if r not in fleet.starting]:
             if health.get(replica_id) == ReplicaHealth.DEAD or (
                 replica_id not in health and not await self._answers(replica_id)
             ):
-                handle = self.replicas.pop(replica_id)
+                handle = fleet.replicas.pop(replica_id)
                 try:
                     ray.kill(handle, no_restart=True)
                 except Exception as exc:  # noqa: BLE001 - already gone
@@ -77,17 +74,17 @@ class ReplicaSupervisor:
                 log.warning("replica %s is dead: killed, a replacement starts", replica_id)
         if self.stores is not None:
             await self.stores.reconcile(
-                [r for r, h in health.items() if h != ReplicaHealth.DEAD and r in self.replicas]
+                [r for r, h in health.items() if h != ReplicaHealth.DEAD and r in fleet.replicas]
             )
-        missing = self.target - len(self.replicas)
+        missing = self.target - len(fleet.replicas)
         if missing > 0:
-            started = await self.start_replicas(missing)
+            started = await fleet.start(missing)
             self.replaced += len(started)
 
     async def _answers(self, replica_id: str) -> bool:
         """A replica the router does not list: alive unless it fails to answer ``ping``."""
         try:
-            ping = ReplicaClient(self.replicas[replica_id]).ping()
+            ping = ReplicaClient(self.fleet.replicas[replica_id]).ping()
             return bool(await asyncio.wait_for(ping, timeout=PING_TIMEOUT_S))
         except Exception:  # noqa: BLE001 - an actor that cannot answer is dead
             return False

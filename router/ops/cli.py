@@ -33,8 +33,8 @@ class Service(Protocol):
 
 async def run_until_stopped(service: Service, starting: str, stopping: str) -> int:
     """Start ``service``, print where it listens, run until SIGINT or SIGTERM, stop it."""
+    from router.control.scheduling import ReplicaStartError
     from router.ops.join import RouterNotFound
-    from router.ops.scheduling import ReplicaStartError
 
     stop = asyncio.Event()
     print(f"session-router: {starting}...", flush=True)

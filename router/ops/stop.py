@@ -2,9 +2,9 @@
 
     session-router stop [--address ADDR] [--namespace NS]
 
-It joins the cluster (``--address``, default auto), takes over the deployment it finds there
-(``Server.adopt``: the router, the replicas, their checkpoint stores, the response store), and
-stops it as ``serve`` stops on SIGTERM: every session released, every actor removed. The way to
+It joins the cluster (``--address``, default auto), finds the deployment there (its router and
+controller) and stops it as ``serve`` stops on SIGTERM (``router.ops.serve.stop_deployment``):
+every session released, every actor removed. The way to
 end a deployment whose ``serve`` crashed (a crash removes nothing: the actors are detached).
 Exit status: 0 stopped, 2 no deployment in the namespace.
 """
@@ -29,19 +29,21 @@ async def stop_deployment(address: str, namespace: str) -> int | None:
     """Sessions released by the stop, or None when the namespace has no deployment."""
     import ray
 
-    from router.control.api import ROUTER_NAME
+    from router.control.api import CONTROLLER_NAME, ROUTER_NAME
+    from router.control.controller_client import ControllerClient
     from router.ops import ray_join
-    from router.ops.serve import Server
+    from router.ops.serve import named_actor, stop_deployment
 
     if not ray.is_initialized():
         ray_join.connect(address, namespace, logging_level="ERROR", log_to_driver=False)
-    try:
-        router = await asyncio.to_thread(ray.get_actor, ROUTER_NAME, namespace)
-    except ValueError:
+    router = await named_actor(ROUTER_NAME, namespace)
+    if router is None:
         return None
-    server = Server(ServeConfig.from_flags(namespace=namespace, address=address))
-    await server.adopt(router)
-    return await server.stop()
+    controller = await named_actor(CONTROLLER_NAME, namespace)
+    config = ServeConfig.from_flags(namespace=namespace, address=address)
+    return await stop_deployment(
+        config, router, ControllerClient(controller) if controller is not None else None
+    )
 
 
 def run_stop(args: argparse.Namespace) -> int:

@@ -22,7 +22,7 @@ import ray
 
 from replica.api import PoolSnapshot
 from router.config import ServeConfig
-from router.control.api import ReplicaHealth
+from router.control.api import FleetView, ReplicaHealth
 from router.ops.serve import Server
 
 SMALL = dict(
@@ -75,9 +75,22 @@ class ServerThread:
     def address(self) -> str:
         return self.server.grpc_address
 
+    def fleet(self) -> FleetView:
+        """The controller's replicas, their stores, those starting and the count it keeps."""
+        return self.call(self.server.controller.fleet_view(), timeout=60)
+
     @property
     def replicas(self) -> dict:
-        return self.server.replicas
+        return self.fleet().replicas
+
+    @property
+    def stores(self) -> dict:
+        return self.fleet().stores
+
+    def start_replicas(self, count: int, failpoints: frozenset[str] = frozenset()) -> list[str]:
+        """``count`` replicas more, started by the controller (beyond the count it keeps), with
+        ``failpoints`` on in them."""
+        return self.call(self.server.controller.start_replicas(count, failpoints), timeout=300)
 
     def wait_healed(self, timeout: float = 60.0) -> list[str]:
         """Wait until the router lists ``--replicas`` healthy replicas and none is starting
@@ -86,7 +99,7 @@ class ServerThread:
         def healed() -> list[str]:
             views = ray.get(self.server.router.views.remote(), timeout=30)
             live = [v.replica_id for v in views if v.health == ReplicaHealth.HEALTHY]
-            done = len(live) >= self.config.replicas and not self.server.starting
+            done = len(live) >= self.config.replicas and not self.fleet().starting
             return live if done else []
 
         return wait_for(healed, timeout, 0.1, "the cluster to be back to --replicas replicas")

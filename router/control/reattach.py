@@ -1,12 +1,13 @@
-"""The replicas of a deployment that ``serve`` (or ``stop``) takes over, once its router knows
+"""The replicas of a deployment that a controller (or ``stop``) takes over, once its router knows
 them all.
 
 A router that Ray has just restarted (its node died: a head restart under GCS fault tolerance)
 starts with an empty table and learns its replicas from their next snapshot report (about a
-second apart, ``replica.actor.reporting``); until the GCS has noticed that the old node is gone, its
-handle may not answer at all. Taking over before then would miss replicas that are alive and
-serving, and start others beside them. So the router is asked again until it knows every replica
-still named in the namespace, within ``REATTACH_TIMEOUT_S``.
+second apart, ``replica.actor.reporting``); until the GCS has noticed that the old node is gone,
+its handle may not answer at all. Taking over before then (as a controller Ray restarted after a
+head restart does) would miss replicas that are alive and serving, and start others beside them.
+So the router is asked again until it knows every replica still named in the namespace, within
+``REATTACH_TIMEOUT_S``.
 """
 
 from __future__ import annotations
