@@ -24,12 +24,16 @@ import tempfile
 import time
 from pathlib import Path
 
-import grpc
-
 from bench.harness import cli
-from bench.harness.report import Table
-from bench.serve_crash import free_port, start, turn, user_env, wait_for
-from router.client import SessionClient
+from bench.serve_crash import (
+    free_port,
+    open_sessions,
+    print_waits,
+    served_again,
+    start,
+    user_env,
+    wait_for,
+)
 
 SESSIONS, NAMESPACE = 8, "head-restart-bench"
 READY = re.compile(r"^session-router: gRPC listening on (127\.0\.0\.1:\d+)$", re.M)
@@ -94,10 +98,7 @@ def main() -> None:
         procs.append(worker)
         wait_for(worker, work / "worker.log", re.compile("Ray runtime started"), 180)
         current, grpc_address = serve(address, work / "serve-0.log", env)
-        with SessionClient(grpc_address) as client:
-            sessions = [client.open(timeout=60).id for _ in range(SESSIONS)]
-        for sid in sessions:
-            turn(grpc_address, sid, 60)
+        sessions = open_sessions(grpc_address, SESSIONS)
         for n in range(1, args.repeats + 1):
             for proc in (current, head):  # the head node's processes, as a head pod dies
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -110,15 +111,7 @@ def main() -> None:
             restarted = time.monotonic()
             current, grpc_address = serve(address, work / f"serve-{n}.log", env)
             ready = time.monotonic() - restarted
-            waits = []
-            for sid in sessions:
-                while True:
-                    try:
-                        turn(grpc_address, sid)
-                        break
-                    except grpc.RpcError:
-                        time.sleep(0.2)
-                waits.append(time.monotonic() - killed)
+            waits = served_again(grpc_address, sessions, killed)
             rows.append((statistics.median(waits), max(waits), ready))
             print(f"repetition {n}: served again p50 {rows[-1][0]:.1f} s, max {rows[-1][1]:.1f} s",
                   flush=True)  # fmt: skip
@@ -132,15 +125,7 @@ def main() -> None:
                 pass
         if CURRENT_CLUSTER.is_file() and str(port) in CURRENT_CLUSTER.read_text():
             CURRENT_CLUSTER.unlink()
-    table = Table("repetition", "served again p50 (s)", "max (s)", "new serve ready (s)")
-    for i, (p50, most, ready) in enumerate(rows, 1):
-        table.add(i, f"{p50:.1f}", f"{most:.1f}", f"{ready:.1f}")
-    table.print()
-    p50 = statistics.median(r[0] for r in rows)
-    most = statistics.median(r[1] for r in rows)
-    ready = statistics.median(r[2] for r in rows)
-    print(f"\nhead restart -> every session served again: p50 {p50:.1f} s, max {most:.1f} s "
-          f"(new serve ready {ready:.1f} s after the head: {most / ready:.2f}x of it)")  # fmt: skip
+    print_waits("head restart", rows, "new serve ready {ready:.1f} s after the head")
 
 
 if __name__ == "__main__":

@@ -78,6 +78,20 @@ def crash_and_recover(address: str, current: subprocess.Popen, sessions: list[st
     killed = time.monotonic()
     proc, grpc_address = serve(address, work / f"serve-{n}.log", env)
     ready = time.monotonic() - killed
+    return proc, grpc_address, served_again(grpc_address, sessions, killed), ready
+
+
+def open_sessions(grpc_address: str, count: int) -> list[str]:
+    """``count`` sessions through ``grpc_address``, one turn each."""
+    with SessionClient(grpc_address) as client:
+        sessions = [client.open(timeout=60).id for _ in range(count)]
+    for sid in sessions:
+        turn(grpc_address, sid, 60)
+    return sessions
+
+
+def served_again(grpc_address: str, sessions: list[str], since: float) -> list[float]:
+    """Seconds from ``since`` to each session's next turn's end, turns retried every 0.2 s."""
     waits = []
     for sid in sessions:
         while True:
@@ -86,8 +100,23 @@ def crash_and_recover(address: str, current: subprocess.Popen, sessions: list[st
                 break
             except grpc.RpcError:
                 time.sleep(0.2)
-        waits.append(time.monotonic() - killed)
-    return proc, grpc_address, waits, ready
+        waits.append(time.monotonic() - since)
+    return waits
+
+
+def print_waits(what: str, rows: list[tuple[float, float, float]], ready_is: str) -> None:
+    """The table of (p50, max, new serve ready) per repetition, and their medians."""
+    table = Table("repetition", "served again p50 (s)", "max (s)", "new serve ready (s)")
+    for i, (p50, most, ready) in enumerate(rows, 1):
+        table.add(i, f"{p50:.1f}", f"{most:.1f}", f"{ready:.1f}")
+    table.print()
+    p50 = statistics.median(r[0] for r in rows)
+    most = statistics.median(r[1] for r in rows)
+    ready = statistics.median(r[2] for r in rows)
+    print(
+        f"\n{what} -> every session served again: p50 {p50:.1f} s, max {most:.1f} s "
+        f"({ready_is.format(ready=ready)}: {most / ready:.2f}x of it)"
+    )
 
 
 def free_port() -> int:
@@ -109,10 +138,7 @@ def main() -> None:
     try:
         wait_for(head, work / "ray.log", re.compile("Ray runtime started"), 120)
         current, grpc_address = serve(address, work / "serve-0.log", env)
-        with SessionClient(grpc_address) as client:
-            sessions = [client.open(timeout=60).id for _ in range(SESSIONS)]
-        for sid in sessions:
-            turn(grpc_address, sid, 60)
+        sessions = open_sessions(grpc_address, SESSIONS)
         for n in range(1, args.repeats + 1):
             current, grpc_address, waits, ready = crash_and_recover(
                 address, current, sessions, work, env, n
@@ -122,15 +148,7 @@ def main() -> None:
         current.wait(120)
     finally:
         os.killpg(head.pid, signal.SIGKILL)
-    table = Table("repetition", "served again p50 (s)", "max (s)", "new serve ready (s)")
-    for i, (p50, most, ready) in enumerate(rows, 1):
-        table.add(i, f"{p50:.1f}", f"{most:.1f}", f"{ready:.1f}")
-    table.print()
-    p50 = statistics.median(r[0] for r in rows)
-    most = statistics.median(r[1] for r in rows)
-    ready = statistics.median(r[2] for r in rows)
-    print(f"\nserve crash -> every session served again: p50 {p50:.1f} s, max {most:.1f} s "
-          f"(new serve ready after {ready:.1f} s: {most / ready:.2f}x of it)")  # fmt: skip
+    print_waits("serve crash", rows, "new serve ready after {ready:.1f} s")
 
 
 if __name__ == "__main__":
