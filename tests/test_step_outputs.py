@@ -1,55 +1,20 @@
-"""One output record per engine step, from the engine to the gateway's calls: a decode step's
-Python calls do not grow with its batch; the replica's outbox sends each gateway its rows (split
-only when a step's turns go to several) and the gateway's pump hands them to its sessions, which
-stream exactly the engine's text; checkpoint holds keep back only the rows of the sessions they
-hold, in order."""
+"""One output record per engine step, from the engine to the gateway's calls: the replica's outbox
+sends each gateway its rows (split only when a step's turns go to several) and the gateway's pump
+hands them to its sessions, which stream exactly the engine's text; checkpoint holds keep back
+only the rows of the sessions they hold, in order. (That a decode step's calls do not grow with
+its batch: ``tests/test_batch_sampling.py``.)"""
 
 from __future__ import annotations
 
 import asyncio
-import cProfile
-import pstats
 
 from replica.actor.gateway_outputs import GatewayOutputs
 from replica.api import FinishReason, SamplingParams, TurnEvent
 from replica.checkpoints.outbox import CheckpointOutbox
-from replica.config import PoolConfig
-from replica.engine.engine import Engine
 from replica.engine.step_outputs import StepOutputs
 from router.gateway.delivery import hand_out
 from router.gateway.inbox import Inbox, pieces
 from tests.support.engine import close_and_check, make_engine
-
-
-def decode_step_calls(engine: Engine, sessions: int) -> int:
-    """Python calls (cProfile, builtins included) of the second decode-only step of
-    ``sessions`` greedy turns."""
-    sids = [f"calls-{sessions}-{i}" for i in range(sessions)]
-    for i, sid in enumerate(sids):
-        engine.open_session(sid)
-        engine.submit(sid, [(7 * i + j) % 250 + 1 for j in range(16)], SamplingParams(24))
-    calls, full = 0, 0
-    while engine.has_work:
-        plan = engine.scheduler.plan()
-        if not engine.scheduler.waiting and not plan.prefill and len(plan.decode) == sessions:
-            full += 1
-            if full == 2:
-                profile = cProfile.Profile()
-                profile.runcall(engine.step)
-                calls = pstats.Stats(profile).total_calls
-                continue
-        engine.step()
-    for sid in sids:
-        engine.close_session(sid)
-    return calls
-
-
-def test_a_decode_steps_calls_do_not_grow_with_the_batch():
-    engine = make_engine(PoolConfig(max_sessions=32, kv_tokens=32 * 64, max_context=64))
-    decode_step_calls(engine, 4)  # warm up: what the first steps build once
-    one, many = decode_step_calls(engine, 1), decode_step_calls(engine, 32)
-    assert one and many <= one * 1.10, (one, many)
-    close_and_check(engine)
 
 
 def test_step_records_reach_each_gateways_sessions_as_the_engine_made_them():
