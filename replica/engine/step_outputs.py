@@ -44,6 +44,11 @@ class StepOutputs:
         self.token_ids += token_ids
         self.texts += texts
 
+    @property
+    def token_count(self) -> int:
+        """The tokens in the record: one a row, and those of its events."""
+        return len(self.token_ids) + sum(len(event.token_ids) for event in self.events)
+
     def row_event(self, i: int) -> TurnEvent:
         """Row ``i`` as the ``TurnEvent`` of one token."""
         return TurnEvent(
