@@ -11,7 +11,8 @@ theirs (``StopStrings``, for the turns that have them).
 ``ByteLevelText`` (byte-level decoders, ``BytePieces``): a step whose turns hold nothing back and
 whose tokens are complete text is one table look-up per row; otherwise the rows' pending bytes and
 new bytes are decoded in one pass over the batch, and only the turns left with an incomplete tail
-keep state. Its Python work per step does not grow with the batch (the per-row work is in C).
+keep state. Its Python calls per step do not grow with the batch (the per-row work is in
+comprehensions and C loops).
 ``StreamedText`` (any other decoder, e.g. SentencePiece's, whose text of a token depends on what
 came before): one ``TextStream`` per turn. Used on the engine thread only.
 """
