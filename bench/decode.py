@@ -68,7 +68,7 @@ def decode_run(engine: Engine, n: int, prompt_len: int, new: int, device: str) -
         events = engine.step()
         sync(device)
         now = time.perf_counter()
-        tokens = sum(len(e.token_ids) for e in events)
+        tokens = events.token_count
         total += tokens
         if decode_only:
             decode_s += now - start

@@ -190,7 +190,7 @@ def decode_steps(engine: Engine, sessions: int, new: int, device: str) -> tuple[
         events = engine.step()
         sync(device)
         if decode_only:
-            steps.append((time.perf_counter() - start, sum(len(e.token_ids) for e in events)))
+            steps.append((time.perf_counter() - start, events.token_count))
     for sid in sids:
         engine.close_session(sid)
     full = [seconds for seconds, tokens in steps if tokens == sessions]

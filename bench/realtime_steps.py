@@ -33,7 +33,7 @@ def direct_decode_step_ms(config: ReplicaConfig, sessions: int, steps: int = 40)
         decode_only = not engine.scheduler.waiting and not engine.scheduler.plan().prefill
         start = time.perf_counter()
         events = engine.step()
-        if decode_only and sum(len(e.token_ids) for e in events) == sessions:
+        if decode_only and events.token_count == sessions:
             times.append((time.perf_counter() - start) * 1000)
     for sid in sids:
         engine.close_session(sid)

@@ -236,17 +236,16 @@ class TurnEvent:
 
 
 # A gateway's output stream (``ReplicaActor.stream_outputs``) yields lists of entries in the order
-# the engine produced them: a ``TokenEntry`` for tokens of a running turn (consecutive ones of a
-# turn merged), a ``TurnEvent`` for the last event of a turn (finish or error) and for events about
-# a session (turn_id -1). Plain lists pickle about ten times faster than dataclasses, and nearly
-# every entry is tokens.
+# the engine produced them: ``TokenRows`` for the tokens of the running turns of engine steps (one
+# row per turn and step: the rows of a ``StepOutputs`` that go to that gateway; consecutive
+# steps' rows merged), a ``TurnEvent`` for the last event of a turn (finish or error), for events
+# about a session (turn_id -1), and for tokens held back and sent on later. The gateway hands
+# each row to its session's call as a ``TokenEntry``. Plain lists and tuples pickle about ten
+# times faster than dataclasses, and nearly every token is a row.
+# (session_ids: list[str], turn_ids: list[int], token_ids: list[int], texts: list[str])
+TokenRows = tuple
 TokenEntry = list  # [session_id: str, turn_id: int, token_ids: list[int], text: str]
-DeliveryEntry = TokenEntry | TurnEvent
-
-
-def entry_session(entry: DeliveryEntry) -> str:
-    """The session an entry is about."""
-    return entry[0] if type(entry) is list else entry.session_id
+DeliveryEntry = TokenRows | TurnEvent
 
 
 @dataclass(frozen=True, slots=True)

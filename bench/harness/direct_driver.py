@@ -16,6 +16,7 @@ from bench.harness.load import closed_loop
 from bench.harness.window import LifecycleSamples
 from bench.harness.workload import PROMPT, Lifecycle, TokenRounds, timed_lifecycle, token_rounds
 from replica.api import ActorError, ReleaseReason, SamplingParams
+from router.gateway.delivery import hand_out
 from router.gateway.inbox import Inbox, pieces
 from router.gateway.replica_calls import ReplicaCalls
 
@@ -34,10 +35,7 @@ class DirectDriver:
 
     async def _pump(self, handle: Any) -> None:
         async for ref in handle.stream_outputs.remote(self.gateway_id):
-            for entry in await ref:
-                inbox = self.inboxes.get(entry[0] if type(entry) is list else entry.session_id)
-                if inbox is not None:
-                    inbox.put(entry)
+            hand_out(await ref, self.inboxes)
 
     async def open(self, handle: Any) -> str:
         """Opens a session on ``handle``'s replica (one actor call); returns its id."""

@@ -67,7 +67,12 @@ class InProcessDriver:
         while active:
             if not engine.has_work:
                 raise RuntimeError("engine idle with turns outstanding")
-            for event in engine.step():
+            out = engine.step()
+            for session_id in out.session_ids:  # a row: one token of a turn that goes on
+                entry = active.get(session_id)
+                if entry is not None:
+                    entry[2] += 1
+            for event in out.events:  # ends (and errors)
                 entry = active.get(event.session_id)
                 if entry is None:
                     continue
@@ -95,7 +100,7 @@ class InProcessDriver:
                     self._submit(session_id, new_tokens)
                 tokens = 0
                 while self.engine.has_work:
-                    tokens += sum(len(e.token_ids) for e in self.engine.step())
+                    tokens += self.engine.step().token_count
                 result.rounds.append((tokens, time.perf_counter() - t0))
         finally:
             for session_id in ids:

@@ -41,11 +41,12 @@ class EnginePeer:
             self._async = AsyncEngine(self.engine, self._dispatch)
         return self._async
 
-    def _dispatch(self, events: list) -> None:
-        for event in events:
-            queue = self.queues.get(event.session_id)
-            if queue is not None:
-                queue.put_nowait(event)
+    def _dispatch(self, outputs: list) -> None:
+        for record in outputs:  # a ``StepOutputs`` each: its events, then one per token row
+            for event in record:
+                queue = self.queues.get(event.session_id)
+                if queue is not None:
+                    queue.put_nowait(event)
 
     async def open(self, session_id: str) -> str:
         engine = await self._engine()

@@ -28,13 +28,14 @@ import ray
 
 from replica.actor.engine_host import EngineHost
 from replica.actor.tasks import BackgroundTasks
-from replica.api import SessionStates, TurnEvent
+from replica.api import SessionStates
 from replica.checkpoints.log import CheckpointBatch
 from replica.checkpoints.outbox import CheckpointDrop, CheckpointOutbox
 from replica.checkpoints.store_client import CheckpointStoreClient
 
 if TYPE_CHECKING:
     from replica.engine.engine import Engine
+    from replica.engine.step_outputs import StepOutputs
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class CheckpointCalls:
         engine: Engine,
         host: EngineHost,
         tasks: BackgroundTasks,
-        dispatch: Callable[[list[TurnEvent]], None],
+        dispatch: Callable[[list[StepOutputs]], None],
         enabled: bool,
     ) -> None:
         """``dispatch``: where the engine's events go on to; ``enabled``: checkpoints are on
@@ -65,8 +66,8 @@ class CheckpointCalls:
             )
             engine.checkpoint_accounting.connect(self.outbox)
 
-    def dispatch(self, events: list[TurnEvent]) -> None:
-        """The engine's events, those whose turn's checkpoint is on its way held back."""
+    def dispatch(self, events: list[StepOutputs]) -> None:
+        """The engine's outputs, those of sessions whose checkpoint is on its way held back."""
         (self.outbox.dispatch if self.outbox is not None else self._send)(events)
 
     def push(self, batch: CheckpointBatch) -> None:

@@ -13,19 +13,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from replica.api import ActorError, PoolSnapshot, ReplicaError, TurnEvent
+from replica.api import ActorError, PoolSnapshot, ReplicaError
 
 if TYPE_CHECKING:
     from replica.checkpoints.log import CheckpointBatch
     from replica.engine.async_engine import AsyncEngine
     from replica.engine.engine import Engine
+    from replica.engine.step_outputs import StepOutputs
 
 
 class EngineHost:
     def __init__(
         self,
         engine: Engine,
-        on_events: Callable[[list[TurnEvent]], None],
+        on_events: Callable[[list[StepOutputs]], None],
         on_released: Callable[[list[str]], None],
         on_failed: Callable[[BaseException], None],
         on_checkpoints: Callable[[CheckpointBatch], None] | None,

@@ -7,17 +7,20 @@ while the gateway has not consumed its previous items (``STREAM_BACKPRESSURE`` o
 the engine produces meanwhile is merged into the next item (flow control, not timers), so a busy
 gateway gets fewer, larger items instead of a growing queue.
 
-An item is a list of entries in the order the engine produced them (``replica.api.TokenEntry``
-for the tokens of a running turn, merged per turn; ``TurnEvent`` for the last event of a turn and
-events about a session). A turn's events go to the gateway that submitted it
-(``TurnEvent.gateway_id``). When a gateway's stream ends (the gateway stopped or died: Ray closes
-the generator of a caller that is gone), its outbox goes and ``on_gone(gateway_id)`` is called;
-events for it are dropped from then on, until it streams again; ``release_streams_of`` then
-releases the sessions its Converse streams held open, which ended with it. When the engine dies,
-``fail`` ends every stream with an error, as the death of the replica's process would: each
-gateway then asks the router what became of the replica's sessions (restored elsewhere from their
-checkpoints, or gone); ``close`` (the replica shuts down) ends them quietly. Used on the actor's
-event loop, but for ``release_streams_of``, which runs on the engine thread.
+An item is a list of entries in the order the engine produced them (``replica.api.TokenRows``: the
+rows of the engine's ``StepOutputs`` for that gateway's sessions, one token of one turn each, the
+rows of consecutive steps merged into one entry; a ``TurnEvent`` for the last event of a turn and
+events about a session). A record's rows are split by gateway only when they go to more than one:
+a step of one gateway's turns costs the same calls here whatever their number. A turn's outputs
+go to the gateway that submitted it (``gateway_id``). When a gateway's stream ends (the gateway
+stopped or died: Ray closes the generator of a caller that is gone), its outbox goes and
+``on_gone(gateway_id)`` is called; outputs for it are dropped from then on, until it streams
+again; ``release_streams_of`` then releases the sessions its Converse streams held open, which
+ended with it. When the engine dies, ``fail`` ends every stream with an error, as the death of
+the replica's process would: each gateway then asks the router what became of the replica's
+sessions (restored elsewhere from their checkpoints, or gone); ``close`` (the replica shuts down)
+ends them quietly. Used on the actor's event loop, but for ``release_streams_of``, which runs on
+the engine thread.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from replica.api import DeliveryEntry, ReleaseReason, TurnEvent
 
 if TYPE_CHECKING:
     from replica.engine.engine import Engine
+    from replica.engine.step_outputs import StepOutputs
 
 STREAM_BACKPRESSURE = 2  # items Ray lets a gateway leave unconsumed before the stream waits
 MAX_GONE = 10_000  # gateways remembered as gone (least recently gone forgotten first)
@@ -42,31 +46,38 @@ class ReplicaFailedError(RuntimeError):
 
 
 class Outbox:
-    """One gateway's entries not yet taken, with the tokens of a running turn merged."""
+    """One gateway's entries not yet taken, with consecutive token rows merged."""
 
-    __slots__ = ("entries", "closed", "_tokens_at", "_waiter")
+    __slots__ = ("entries", "closed", "_waiter")
 
     def __init__(self, waiting: Outbox | None = None) -> None:
         """A fresh outbox, holding the entries ``waiting`` has not handed out when given."""
         self.entries: list[DeliveryEntry] = waiting.entries if waiting else []
-        self._tokens_at: dict[str, int] = waiting._tokens_at if waiting else {}
         self._waiter: asyncio.Future | None = None  # the stream waiting for an entry
         self.closed = False
 
     def add(self, event: TurnEvent) -> None:
         if event.finished or event.turn_id < 0:
             self.entries.append(event)
-            self._tokens_at.pop(event.session_id, None)
+            self._wake()
+            return
+        n = len(event.token_ids)  # tokens sent on later (held back): rows, the text on the first
+        if n:
+            texts = [event.text, *[""] * (n - 1)]
+            self.add_rows([event.session_id] * n, [event.turn_id] * n, [*event.token_ids], texts)
+
+    def add_rows(
+        self, session_ids: list[str], turn_ids: list[int], token_ids: list[int], texts: list[str]
+    ) -> None:
+        """Rows of one token each (parallel lists, copied)."""
+        last = self.entries[-1] if self.entries else None
+        if type(last) is tuple:  # merged into the rows just before: the order is kept
+            last[0].extend(session_ids)
+            last[1].extend(turn_ids)
+            last[2].extend(token_ids)
+            last[3].extend(texts)
         else:
-            at = self._tokens_at.get(event.session_id)
-            entry = self.entries[at] if at is not None else None
-            if entry is not None and entry[1] == event.turn_id:
-                entry[2].extend(event.token_ids)
-                entry[3] += event.text
-            else:
-                self._tokens_at[event.session_id] = len(self.entries)
-                tokens = [event.session_id, event.turn_id, [*event.token_ids], event.text]
-                self.entries.append(tokens)
+            self.entries.append((list(session_ids), list(turn_ids), list(token_ids), list(texts)))
         self._wake()
 
     def close(self) -> None:
@@ -87,7 +98,6 @@ class Outbox:
             finally:
                 self._waiter = None
         entries, self.entries = self.entries, []
-        self._tokens_at.clear()
         return entries
 
 
@@ -99,18 +109,38 @@ class GatewayOutputs:
         self._closed = False
         self._failed: str | None = None
 
-    def dispatch(self, events: Iterable[TurnEvent]) -> None:
-        """Queue each event for its gateway (events without one, or for a gateway that is gone,
-        have no reader). A gateway that has not streamed yet gets an outbox now: it streams
-        before its first turn's events matter, and they wait for it."""
-        for event in events:
-            gateway = event.gateway_id
-            if not gateway or gateway in self._gone:
+    def dispatch(self, outputs: Iterable[StepOutputs]) -> None:
+        """Queue each record's events and rows for their gateways (those without one, or for a
+        gateway that is gone, have no reader). A gateway that has not streamed yet gets an outbox
+        now: it streams before its first turn's outputs matter, and they wait for it. Consumes
+        the records."""
+        for out in outputs:
+            for event in out.events:
+                outbox = self._outbox(event.gateway_id)
+                if outbox is not None:
+                    outbox.add(event)
+            gateways = out.gateway_ids
+            if not gateways:
                 continue
-            outbox = self._outboxes.get(gateway)
-            if outbox is None:
-                outbox = self._outboxes[gateway] = Outbox()
-            outbox.add(event)
+            rows = (out.session_ids, out.turn_ids, out.token_ids, out.texts)
+            if gateways.count(gateways[0]) == len(gateways):  # the common case: one gateway
+                outbox = self._outbox(gateways[0])
+                if outbox is not None:
+                    outbox.add_rows(*rows)
+                continue
+            for gateway in dict.fromkeys(gateways):
+                outbox = self._outbox(gateway)
+                if outbox is not None:
+                    at = [i for i, g in enumerate(gateways) if g == gateway]
+                    outbox.add_rows(*([column[i] for i in at] for column in rows))
+
+    def _outbox(self, gateway: str) -> Outbox | None:
+        if not gateway or gateway in self._gone:
+            return None
+        outbox = self._outboxes.get(gateway)
+        if outbox is None:
+            outbox = self._outboxes[gateway] = Outbox()
+        return outbox
 
     async def stream(self, gateway_id: str) -> AsyncIterator[list[DeliveryEntry]]:
         """``gateway_id``'s items, until the stream is closed. A newer stream of the same gateway

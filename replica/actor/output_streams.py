@@ -1,6 +1,6 @@
 """``OutputStreams``: the gateways' long-lived output streams of one replica.
 
-It owns the ``GatewayOutputs`` (``replica.actor.gateway_outputs``) that the engine's events are
+It owns the ``GatewayOutputs`` (``replica.actor.gateway_outputs``) that the engine's outputs are
 dispatched into, and serves each gateway's ``stream_outputs`` call from it. When a gateway's
 stream ends (it stopped or died), the sessions its Converse streams held open are released
 (reason ``stream_ended``; reported to the router as the replica's own releases): those streams
@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING
 from replica.actor.engine_host import EngineHost
 from replica.actor.gateway_outputs import GatewayOutputs, release_streams_of
 from replica.actor.tasks import BackgroundTasks
-from replica.api import DeliveryEntry, TurnEvent
+from replica.api import DeliveryEntry
 
 if TYPE_CHECKING:
     from replica.engine.engine import Engine
+    from replica.engine.step_outputs import StepOutputs
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +32,9 @@ class OutputStreams:
         self.tasks = tasks
         self.outputs = GatewayOutputs(on_gone=self._gateway_gone)
 
-    def dispatch(self, events: list[TurnEvent]) -> None:
-        """Queue the engine's events for the gateways they go to."""
-        self.outputs.dispatch(events)
+    def dispatch(self, outputs: list[StepOutputs]) -> None:
+        """Queue the engine's outputs for the gateways they go to."""
+        self.outputs.dispatch(outputs)
 
     async def stream(self, gateway_id: str) -> AsyncIterator[list[DeliveryEntry]]:
         """What the engine produces for ``gateway_id``: an item waits while the gateway has not

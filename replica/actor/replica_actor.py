@@ -46,10 +46,10 @@ from replica.api import (
     SessionInfo,
     SessionStates,
     TurnArgs,
-    TurnEvent,
 )
 from replica.checkpoints.log import CheckpointBatch
 from replica.config import ReplicaConfig
+from replica.engine.step_outputs import StepOutputs
 
 
 class ReplicaActor:
@@ -107,7 +107,7 @@ class ReplicaActor:
             self.tasks.spawn(self.reporter.run())
         self.checkpoints.start()
 
-    def _engine_events(self, events: list[TurnEvent]) -> None:
+    def _engine_events(self, events: list[StepOutputs]) -> None:
         self.checkpoints.dispatch(events)
 
     def _engine_checkpoints(self, batch: CheckpointBatch) -> None:

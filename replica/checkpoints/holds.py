@@ -13,7 +13,7 @@ event loop only.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, KeysView
 
 from replica.api import TurnEvent
 
@@ -32,6 +32,10 @@ class TurnHolds:
 
     def __contains__(self, session_id: str) -> bool:
         return session_id in self._held
+
+    def holding(self) -> KeysView[str]:
+        """The sessions with events held now (a live view)."""
+        return self._held.keys()
 
     def hold(self, event: TurnEvent) -> None:
         if event.session_id not in self._held:

@@ -39,9 +39,10 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 
-from replica.api import CHECKPOINT_POOL, CheckpointStats, PoolStats, SessionStates, TurnEvent
+from replica.api import CHECKPOINT_POOL, CheckpointStats, PoolStats, SessionStates
 from replica.checkpoints.holds import HOLD_S, TurnHolds
 from replica.checkpoints.log import CheckpointBatch
+from replica.engine.step_outputs import StepOutputs
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ class CheckpointDrop:
 class CheckpointOutbox:
     def __init__(
         self,
-        dispatch: Callable[[list[TurnEvent]], None],
+        dispatch: Callable[[list[StepOutputs]], None],
         capacity: int,
         on_connected: Callable[[bool], None] = lambda connected: None,
         stall_s: float = STALL_S,
@@ -68,7 +69,7 @@ class CheckpointOutbox:
         self.on_connected = on_connected
         self.capacity = capacity
         self.stall_s = stall_s
-        self.holds = TurnHolds(dispatch, hold_s)
+        self.holds = TurnHolds(lambda events: dispatch([StepOutputs(events)]), hold_s)
         self.connected = False
         self.protected: frozenset[str] = frozenset()  # replaced whole: read by the engine thread
         self._queue: asyncio.Queue | None = None  # the connected store's stream
@@ -130,17 +131,34 @@ class CheckpointOutbox:
         self._queue.put_nowait(item)
         return self._seq
 
-    def dispatch(self, events: list[TurnEvent]) -> None:
-        """Send events on, except those of sessions whose checkpoint is on its way."""
-        now = []
-        for event in events:
-            sid = event.session_id
-            if sid in self.holds or (sid in self._waiting and sid not in self.holds.given_up):
-                self.holds.hold(event)
-            else:
-                now.append(event)
-        if now:
-            self.send_events(now)
+    def dispatch(self, outputs: list[StepOutputs]) -> None:
+        """Send the engine's outputs on, except what belongs to sessions whose checkpoint is on
+        its way (held, in order: their events, then their token rows)."""
+        if not self._waiting and not self.holds.holding():  # nothing to hold: all goes on
+            self.send_events(outputs)
+            return
+        holding, waiting, given_up = self.holds.holding(), self._waiting, self.holds.given_up
+        for out in outputs:
+            now = []
+            for event in out.events:
+                sid = event.session_id
+                if sid in holding or (sid in waiting and sid not in given_up):
+                    self.holds.hold(event)
+                else:
+                    now.append(event)
+            out.events = now
+            sids = out.session_ids
+            held = [
+                i
+                for i, sid in enumerate(sids)
+                if sid in holding or (sid in waiting and sid not in given_up)
+            ]
+            if held:
+                for i in held:
+                    self.holds.hold(out.row_event(i))
+                gone = set(held)
+                out.keep_rows([i for i in range(len(sids)) if i not in gone])
+        self.send_events([out for out in outputs if out])
 
     # ----- the store's side -------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 The engine is single-threaded by contract, so this wrapper gives it one thread that owns it.
 Callers on the event loop send commands (``call``) that the engine thread runs between steps, and
-receive the steps' ``TurnEvent``s through the ``on_events`` callback, called on the event loop
+receive the steps' ``StepOutputs`` through the ``on_events`` callback, called on the event loop
 (preceded by ``on_checkpoints`` with what a step left to checkpoint, when checkpoints are on):
 the steps that end while the loop is busy are handed over together, in one wake-up of the loop
 (one per step would cost a wake-up and a callback per step, and contend for the GIL with the
@@ -27,9 +27,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from replica.api import PoolSnapshot, ReplicaError, StatusCode, TurnEvent
+from replica.api import PoolSnapshot, ReplicaError, StatusCode
 from replica.checkpoints.log import CheckpointBatch
 from replica.engine.engine import Engine
+from replica.engine.step_outputs import StepOutputs
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ class AsyncEngine:
     def __init__(
         self,
         engine: Engine,
-        on_events: Callable[[list[TurnEvent]], None],
+        on_events: Callable[[list[StepOutputs]], None],
         on_released: Callable[[list[str]], None] | None = None,
         snapshot_interval_s: float = 0.25,
         on_failed: Callable[[BaseException], None] | None = None,
@@ -63,7 +64,7 @@ class AsyncEngine:
         self._snapshot_interval_s = snapshot_interval_s
         self.latest_snapshot: PoolSnapshot = engine.snapshot()
         self.error: BaseException | None = None
-        self._handoff: list[TurnEvent] = []  # events the event loop has not taken yet
+        self._handoff: list[StepOutputs] = []  # outputs the event loop has not taken yet
         self._handoff_checkpoints: list[CheckpointBatch] = []  # and checkpoints
         self._handoff_due = False  # a wake-up of the event loop is on its way
         self._handoff_lock = threading.Lock()
@@ -107,7 +108,7 @@ class AsyncEngine:
             self.error = exc
             self._loop.call_soon_threadsafe(self._failed)
 
-    def _hand_over_taken(self, events: list[TurnEvent]) -> None:
+    def _hand_over_taken(self, events: StepOutputs) -> None:
         """On the engine thread: hand over ``events`` with the checkpoints left so far."""
         checkpoints = self.engine.session_ops.take_checkpoints()
         if not (checkpoints and self._on_checkpoints):
@@ -115,11 +116,12 @@ class AsyncEngine:
         if events or checkpoints:
             self._hand_over(events, checkpoints)
 
-    def _hand_over(self, events: list[TurnEvent], checkpoints: CheckpointBatch | None) -> None:
+    def _hand_over(self, events: StepOutputs, checkpoints: CheckpointBatch | None) -> None:
         """On the engine thread: queue a step's events and checkpoints; wake the event loop
         unless a wake-up is already on its way (it will take these too)."""
         with self._handoff_lock:
-            self._handoff.extend(events)
+            if events:
+                self._handoff.append(events)
             if checkpoints:
                 self._handoff_checkpoints.append(checkpoints)
             if self._handoff_due:

@@ -6,8 +6,8 @@ is ``TurnOps``'s, session-level operations (open, close, idle releases, checkpoi
 contract: every method runs on the thread that calls ``step`` (the async wrapper queues commands
 and applies them between steps), so the pools change only between steps and every snapshot is
 consistent. ``step`` admits waiting turns, runs one forward for the decode batch and the prefill
-chunks, samples, streams ``TurnEvent``s, and ends finished turns. When the engine goes idle it
-checks the accounting invariant (strict mode raises).
+chunks, samples, streams what the turns produced (one ``StepOutputs`` a step), and ends finished
+turns. When the engine goes idle it checks the accounting invariant (strict mode raises).
 
 How turns end is ``TurnOutputs``'s (closing a session during a turn cancels the turn). Errors
 stay with the turns they touch; only an error outside any turn escapes ``step``, and then the
@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from replica.accounting import InvariantChecker, check_page_refs, count_pools
-from replica.api import PoolSnapshot, ReleaseReason, SamplingParams, SessionInfo, TurnEvent
+from replica.api import PoolSnapshot, ReleaseReason, SamplingParams, SessionInfo
 from replica.checkpoints.log import CheckpointLog
 from replica.config import ReplicaConfig
 from replica.engine.checkpoint_accounting import CheckpointAccounting
@@ -34,6 +34,7 @@ from replica.engine.model_runner import ModelRunner
 from replica.engine.moves import SessionMoves
 from replica.engine.scheduler import Scheduler
 from replica.engine.session_ops import SessionOps
+from replica.engine.step_outputs import StepOutputs
 from replica.engine.turn_ops import TurnOps
 from replica.engine.turn_outputs import TurnOutputs
 from replica.generation.defaults import GenerationDefaults
@@ -92,7 +93,7 @@ class Engine:
         self.runner = ModelRunner(model, self.pool)
         self.checker = InvariantChecker(config.strict)
         self.leases = StreamLeases(self.sessions.clock)
-        self.turns = TurnOutputs(tokenizer, self.scheduler, self.sessions)
+        self.turns = TurnOutputs(tokenizer, self.scheduler, self.sessions, model.cfg.vocab_size)
         self.fingerprint = model_fingerprint(model.cfg, model)
         cuda = torch.device(config.pools.device).type == "cuda"
         self.transfer = StateTransfer(
@@ -193,8 +194,8 @@ class Engine:
     def has_work(self) -> bool:
         return self.scheduler.has_work
 
-    def step(self) -> list[TurnEvent]:
-        """Run one engine step; returns the events it (and commands since the last) produced."""
+    def step(self) -> StepOutputs:
+        """Run one engine step; returns what it (and commands since the last) produced."""
         if "engine_step_raises" in self.config.failpoints:
             raise RuntimeError("failpoint engine_step_raises: the engine step failed")
         for req, err in self.scheduler.admit():
@@ -212,7 +213,7 @@ class Engine:
             self.check_invariant()
         return self.take_events()
 
-    def take_events(self) -> list[TurnEvent]:
+    def take_events(self) -> StepOutputs:
         return self.turns.take()
 
     # ----- accounting -----------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """``TurnBatch``: the running turns of one sampled batch, as tensors: their sampling parameters,
 the ids that end them (stop ids and the model's EOS), how many tokens each may still make, and
-the index of the token each samples next.
+the index of the token each samples next; and as lists, what their rows of a ``StepOutputs``
+carry (session, turn and gateway ids) and each turn's ``output_ids``.
 
 Built when the batch changes (a turn joins, ends, is interrupted: ``same`` says whether it
 did) and advanced by one token per row at each ``sample``, so a decode step whose turns go on
@@ -21,6 +22,9 @@ class TurnBatch:
         """``gateways[b]``: where the events of ``reqs[b]``'s turn go (fixed while it runs)."""
         self.reqs = list(reqs)
         self.gateways = gateways
+        self.session_ids = [req.session_id for req in reqs]
+        self.turn_ids = [req.rid for req in reqs]
+        self.outputs = [req.output_ids for req in reqs]  # each turn's list, appended to in place
         params = [req.sampling for req in reqs]
         greedy = [p.greedy for p in params]
         top_k = [p.top_k or 0 for p in params]

@@ -80,7 +80,7 @@ class HFTokenizer:
 def _byte_backend(vocab_size: int) -> Backend:
     """Ids 0..255: the bytes, spelt as byte-level BPE spells them (so ``decoders.ByteLevel``
     turns them back into UTF-8); the ids above are special tokens."""
-    alphabet = _byte_level_chars()
+    alphabet = byte_level_chars()
     vocab = {alphabet[b]: b for b in range(256)}
     special = ["<bos>", "<eos>", *(f"<reserved_{i}>" for i in range(258, vocab_size))]
     vocab.update({token: 256 + i for i, token in enumerate(special)})
@@ -90,7 +90,7 @@ def _byte_backend(vocab_size: int) -> Backend:
     return backend
 
 
-def _byte_level_chars() -> list[str]:
+def byte_level_chars() -> list[str]:
     """The character byte-level BPE (GPT-2's ``bytes_to_unicode``) spells each byte with."""
     printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
     chars, extra = {}, 0

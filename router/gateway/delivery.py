@@ -2,9 +2,11 @@
 
 Token delivery costs no Ray round trip per token: for each replica the gateway keeps one
 long-lived ``stream_outputs`` call whose items carry everything the engine produced for this
-gateway's sessions since the last item (``replica.api.DeliveryEntry``); the pump hands each entry
-to the inbox of its session (``router.gateway.inbox``), if a call of this gateway streams that
-session now, and does nothing else per token. A call whose session moved (``move``) waits on
+gateway's sessions since the last item (``replica.api.DeliveryEntry``); the pump hands each
+event, and each token row (``replica.api.TokenRows``: the engine's steps carry one record of
+all their turns' tokens, fanned out to sessions here) as a ``TokenEntry``, to the inbox of its
+session (``router.gateway.inbox``), if a call of this gateway streams that session now, and does
+nothing else per token (``hand_out``). A call whose session moved (``move``) waits on
 its new replica; news of the old one no longer concerns it.
 
 The calls streaming a session follow it when its old replica ends, so no client hangs on a turn
@@ -23,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from replica.api import ActorError
+from replica.api import ActorError, DeliveryEntry
 from router.control.api import Route
 from router.control.client import RouterClient
 from router.gateway.inbox import Inbox, ReplicaLost
@@ -79,11 +81,7 @@ class Delivery:
         inboxes = self._inboxes
         try:
             async for ref in route.replica.stream_outputs(gateway_id=self.gateway_id):
-                for entry in await ref:
-                    sid = entry[0] if type(entry) is list else entry.session_id
-                    inbox = inboxes.get(sid)
-                    if inbox is not None:
-                        inbox.put(entry)
+                hand_out(await ref, inboxes)
             await self.replica_ended(route.replica_id)
         except asyncio.CancelledError:
             raise
@@ -147,3 +145,20 @@ class Delivery:
     def stop(self) -> None:
         for task in self._pumps.values():
             task.cancel()
+
+
+def hand_out(entries: list[DeliveryEntry], inboxes: dict[str, Inbox]) -> None:
+    """Put each of a stream item's entries into the inbox of its session's call, where there is
+    one (session id -> inbox): a token row as a ``TokenEntry`` of one token, an event as it is.
+    The one place a replica's output is handled per session (the engine and the replica handle
+    a step's tokens as one record)."""
+    for entry in entries:
+        if type(entry) is tuple:  # TokenRows
+            for sid, turn, token, text in zip(*entry):
+                inbox = inboxes.get(sid)
+                if inbox is not None:
+                    inbox.put([sid, turn, [token], text])
+        else:
+            inbox = inboxes.get(entry.session_id)
+            if inbox is not None:
+                inbox.put(entry)

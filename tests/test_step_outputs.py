@@ -1,0 +1,81 @@
+"""One output record per engine step, from the engine to the gateway's calls: the replica's outbox
+sends each gateway its rows (split only when a step's turns go to several) and the gateway's pump
+hands them to its sessions, which stream exactly the engine's text; checkpoint holds keep back
+only the rows of the sessions they hold, in order. (That a decode step's calls do not grow with
+its batch: ``tests/test_batch_sampling.py``.)"""
+
+from __future__ import annotations
+
+import asyncio
+
+from replica.actor.gateway_outputs import GatewayOutputs
+from replica.api import FinishReason, SamplingParams, TurnEvent
+from replica.checkpoints.outbox import CheckpointOutbox
+from replica.engine.step_outputs import StepOutputs
+from router.gateway.delivery import hand_out
+from router.gateway.inbox import Inbox, pieces
+from tests.support.engine import close_and_check, make_engine
+
+
+def test_step_records_reach_each_gateways_sessions_as_the_engine_made_them():
+    """Sessions of two gateways decode together; each gateway's stream, fanned out to its
+    sessions' inboxes, gives each turn the tokens and text of the engine's records and its end,
+    in order."""
+    engine = make_engine()
+    gateway_of = {f"s{i}": ("gw-a" if i % 3 else "gw-b") for i in range(6)}
+    for i, (sid, gateway) in enumerate(gateway_of.items()):
+        engine.open_session(sid, gateway_id=gateway)
+        engine.submit(sid, [40 + i, 50, 60], SamplingParams(12), gateway_id=gateway)
+    records = []
+    while engine.has_work:
+        records.append(engine.step())
+    want: dict[str, tuple[list[int], str, FinishReason | None]] = {}
+    for event in (event for record in records for event in record):
+        tokens, text, _ = want.get(event.session_id, ([], "", None))
+        want[event.session_id] = (
+            tokens + list(event.token_ids),
+            text + event.text,
+            event.finish_reason,
+        )
+    assert all(len(tokens) == 12 for tokens, _, _ in want.values())
+
+    async def deliver() -> dict[str, tuple[list[int], str, FinishReason | None]]:
+        outputs = GatewayOutputs()
+        outputs.dispatch(records)  # several steps, unread: one item per gateway, rows merged
+        outputs.close()
+        got = {}
+        for gateway in ("gw-a", "gw-b"):
+            items = [item async for item in outputs.stream(gateway)]
+            assert len(items) == 1
+            assert sum(type(entry) is tuple for entry in items[0]) < len(records)
+            inboxes = {s: Inbox(s, "r") for s, g in gateway_of.items() if g == gateway}
+            hand_out(items[0], inboxes)
+            for sid, inbox in inboxes.items():
+                (piece,) = pieces(await inbox.take())
+                assert piece.end is not None
+                got[sid] = (piece.token_ids, piece.text, piece.end.finish_reason)
+        return got
+
+    assert asyncio.run(deliver()) == want
+    for tokens, text, _ in want.values():
+        assert text == engine.tokenizer.decode(tokens)
+    close_and_check(engine)
+
+
+def test_checkpoint_holds_keep_back_the_rows_of_held_sessions_only():
+    sent: list[StepOutputs] = []
+    outbox = CheckpointOutbox(sent.extend, capacity=4)
+    end = TurnEvent("held", 1, (5,), "e", FinishReason.STOP, 3, gateway_id="g")
+    outbox.holds.hold(end)  # its turn's end waits for its checkpoint
+    step = StepOutputs()
+    step.add_rows(["free", "held", "free2"], [7, 2, 8], ["g"] * 3, [65, 66, 67], ["A", "B", "C"])
+    outbox.dispatch([step])
+    assert [(e.session_id, e.token_ids, e.text) for e in sent[0]] == [
+        ("free", (65,), "A"),
+        ("free2", (67,), "C"),
+    ]
+    outbox.holds.release("held")  # its checkpoint is stored: what it held goes on, in order
+    assert [(e.session_id, e.turn_id, e.finished) for e in sent[1]] == [
+        ("held", 1, True),
+        ("held", 2, False),
+    ]
