@@ -23,6 +23,7 @@ from router.control.api import FleetView, ScalingReport
 from router.control.autoscaler import Autoscaler
 from router.control.client import RouterClient
 from router.control.fleet import Fleet
+from router.control.reattach import known_replicas
 from router.control.scheduling import ReplicaStartError
 from router.control.store_keeper import StoreKeeper
 from router.control.supervisor import ReplicaSupervisor
@@ -80,12 +81,18 @@ class Controller:
 
     async def attach(self, config: ServeConfig) -> Exception | None:
         """A ``serve`` with ``config`` joins this deployment: None once the deployment serves
-        it (more replicas started when it asks for more; a failure removes only those), else
+        it (the router knows every replica named in the namespace: a restarted router would
+        answer NOT_FOUND for the sessions of one it has not heard from yet; more replicas
+        started when it asks for more; a failure removes only those), else
         the error to end it with (``ValueError``: another model or other pool sizes;
         ``ReplicaStartError``: a replica it asked for did not start)."""
         error = await asyncio.shield(self._began)
         if error is not None:
             return error
+        try:  # a router Ray restarted (a head restart) learns its replicas again first
+            await known_replicas(self.fleet.router, self.config.namespace)
+        except ValueError as exc:
+            return exc
         ours, theirs = self.config, config
         mine = (ours.replica.model_name, *pool_sizes(ours))
         asked = (theirs.replica.model_name, *pool_sizes(theirs))
