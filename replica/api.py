@@ -281,7 +281,20 @@ class OpenedBatch:
 # (session_id, idle_timeout_s, gateway_id, tenant, lease_s[, prefix]); prefix: None, the text or
 # the token ids the session starts holding (``SessionOps.open_session``)
 OpenArgs = tuple
-TurnArgs = tuple  # (session_id, text | None, token_ids | None, SamplingParams)
+# (session_id, text | None, token_ids | None, SamplingParams[, ForkArgs]); with ForkArgs the
+# session is forked first, in the same command (``replica.actor.batch_calls.fork_then_submit``)
+TurnArgs = tuple
+ForkArgs = tuple  # (child_id, lease_s): the fork's id, and its stream lease (0: none)
+
+
+@dataclass(frozen=True, slots=True)
+class ForkedTurn:
+    """A turn submitted with a fork of its session taken just before it, in one command: the
+    turn's id, and the fork (the session's state before the turn, a rollback point: its info)
+    or why none was made (no room, draining: the turn runs regardless)."""
+
+    turn_id: int
+    fork: SessionInfo | ActorError
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ goes away before its end is cancelled on the replica, which rolls the session ba
 from __future__ import annotations
 
 import random
+import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -20,6 +21,7 @@ from replica.api import (
     FinishReason,
     ModelCard,
     SamplingParams,
+    SessionInfo,
     StatusCode,
 )
 from router.control.api import Route
@@ -113,21 +115,31 @@ class Turns:
         sampling: SamplingParams,
         token_ids: list[int] | None = None,
         text: str | None = None,
+        fork_lease_s: float | None = None,
     ) -> StartedTurn:
         """Submit one turn on ``route``'s session (``Gateway.turns``); raises ``ApiError`` when
-        it is refused (bad input, context overflow), before anything is streamed."""
+        it is refused (bad input, context overflow), before anything is streamed. With
+        ``fork_lease_s`` (the fork's stream lease; 0: none) the replica forks the session in the
+        same command, just before the turn: ``StartedTurn.fork`` is that fork (the state before
+        the turn, on the replica that answered), or None when it had no room for one."""
+        fork = None if fork_lease_s is None else (secrets.token_hex(16), fork_lease_s)
         try:
-            turn = await self.gw.turns.start(route, text, token_ids, sampling)
+            turn = await self.gw.turns.start(route, text, token_ids, sampling, fork)
         except Refused as exc:
             raise ApiError.of(exc.code, str(exc)) from None
-        return StartedTurn(turn)
+        forked = None
+        if isinstance(turn.forked, SessionInfo):
+            forked = self.gw.adopt_fork(turn.route, turn.forked)
+        return StartedTurn(turn, forked)
 
 
 class StartedTurn:
-    """A submitted turn; ``outputs`` must be iterated (or ``cancel`` called) to release it."""
+    """A submitted turn; ``outputs`` must be iterated (or ``cancel`` called) to release it.
+    ``fork``: the fork asked for with it, when one was made (its caller owns it)."""
 
-    def __init__(self, turn: TurnStream) -> None:
+    def __init__(self, turn: TurnStream, fork: Route | None = None) -> None:
         self.turn = turn
+        self.fork = fork
         self.out = TurnOutput()
 
     @property
