@@ -115,3 +115,25 @@ def test_turns_with_and_without_forks_in_one_batch():
     assert eng.close_session("b-fork")
     eng.check_invariant()
     close_and_check(eng)
+
+
+def test_the_fork_takes_the_room_of_the_one_it_replaces():
+    """At capacity: the previous rollback point is released first, in the same command, and
+    the new fork takes its room; one that is not open here is left to its caller."""
+    eng = engine(max_sessions=2)
+    eng.open_session("p")
+    run_turn(eng, "p", token_ids(20, 10), greedy(2))
+    eng.fork_session("p", "c0")  # the previous rollback point: the replica is full
+    eng.check_invariant()
+    [result] = submit_batch(eng, GATEWAY, [("p", token_ids(4, 11), greedy(3), ("c1", 15.0, "c0"))])
+    assert isinstance(result, ForkedTurn) and result.replaced
+    assert isinstance(result.fork, SessionInfo) and result.fork.session_id == "c1"
+    assert "c0" not in eng.sessions.sessions
+    drain(eng)
+    eng.check_invariant()
+    [again] = submit_batch(eng, GATEWAY, [("p", token_ids(3, 12), greedy(2), ("c2", 0.0, "gone"))])
+    assert not again.replaced and again.fork.code == StatusCode.RESOURCE_EXHAUSTED
+    drain(eng)
+    assert eng.close_session("c1")
+    assert eng.check_invariant().open_sessions == 1
+    close_and_check(eng)

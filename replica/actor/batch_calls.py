@@ -20,6 +20,7 @@ from replica.api import (
     ReplicaError,
     SamplingParams,
     SessionInfo,
+    SessionMovingError,
 )
 
 if TYPE_CHECKING:
@@ -75,13 +76,22 @@ def fork_then_submit(
     turn: tuple[str, list[int], SamplingParams],
     child_id: str,
     lease_s: float,
+    replaces: str | None = None,
 ) -> ForkedTurn:
-    """Fork the turn's session into ``child_id`` (its state before the turn: a rollback point;
+    """Release ``replaces`` (the rollback point this fork replaces: its room is the fork's),
+    fork the turn's session into ``child_id`` (its state before the turn: a rollback point;
     ``lease_s`` > 0: a stream holds it open from the start, as an open's lease), then queue the
     turn, in one command: no step runs between them. A fork that cannot be made (no room, the
     replica drains) is no reason to refuse the turn, which runs without one (``ForkedTurn.fork``
-    says why); a refused turn releases the fork it made and raises its refusal."""
+    says why); a refused turn releases the fork it made and raises its refusal. ``replaces``
+    is not released when it is not open here or moves away (``ForkedTurn.replaced`` False)."""
     session_id, input_ids, sampling = turn
+    replaced = False
+    if replaces is not None:
+        try:
+            replaced = engine.close_session(replaces, ReleaseReason.STREAM_ENDED)
+        except SessionMovingError:
+            pass  # its caller releases it where it goes
     try:
         fork: SessionInfo | ActorError = engine.fork_session(session_id, child_id, gateway_id)
     except ReplicaError as exc:
@@ -95,4 +105,4 @@ def fork_then_submit(
         if not isinstance(fork, ActorError):
             engine.close_session(child_id, ReleaseReason.ABORTED)
         raise
-    return ForkedTurn(turn_id, fork)
+    return ForkedTurn(turn_id, fork, replaced)

@@ -218,6 +218,13 @@ class Gateway:
         self.background.spawn(self._keep_pinned(route, pinned))
         return route
 
+    def released_there(self, route: Route) -> None:
+        """``route``'s session was released on its replica by a command of this gateway (a
+        fork's submit released the rollback point it replaces): forgotten here, and at the
+        router (batched, off the reply's path)."""
+        self.routes.drop(route.session_id)
+        self.updates.forget(route.session_id, route.replica_id)
+
     async def _keep_pinned(self, route: Route, pinned: asyncio.Future) -> None:
         try:
             ok = await pinned

@@ -27,7 +27,6 @@ from typing import Any
 
 from protos import session_router_pb2 as pb
 from replica.api import (
-    ActorError,
     ForkArgs,
     ForkedTurn,
     ReleaseReason,
@@ -131,7 +130,7 @@ class TurnStream:
         self.started = 0.0  # when it was submitted
         self.first = False  # its first token is still to come
         self.ended = False
-        self.forked: SessionInfo | ActorError | None = None  # the fork asked of the last submit
+        self.forked: ForkedTurn | None = None  # the last submit's, when it asked for a fork
 
     async def take(self) -> list[Any]:
         """Everything put in the inbox since the last take (waits for one item)."""
@@ -150,7 +149,7 @@ class TurnStream:
     ) -> int:
         """Queue a turn (text or token ids) where the session is; its turn id. With ``fork``
         (``(child_id, lease_s)``) the replica forks the session there first, in the same
-        command: ``forked`` is then the fork's info, or why none was made. Raises ``Refused``
+        command: ``forked`` then says what became of it. Raises ``Refused``
         when the turn is refused (the replica released the fork it made). A call cancelled
         while the submission is in flight leaves no fork behind: it is released once it lands.
         """
@@ -174,7 +173,7 @@ class TurnStream:
         self.follow(route)
         turn_id, self.forked = result, None
         if type(result) is ForkedTurn:
-            turn_id, self.forked = result.turn_id, result.fork
+            turn_id, self.forked = result.turn_id, result
         self.turn_id, self.finished = turn_id, False
         self.started, self.first = time.perf_counter(), True
         return turn_id

@@ -16,7 +16,6 @@ The connection owns every session here: ``close`` releases them all (idempotent)
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 
 from protos import session_router_pb2 as pb
@@ -114,14 +113,23 @@ class LiveConversation:
         self.drop_checkpoint()
         await self.release(old)
 
-    def drop_checkpoint(self) -> asyncio.Task | None:
-        """Release the rollback point (idempotent); the release's task, to wait for. A new
-        response drops its predecessor's, and waits for that, before taking its own, so a
-        connection never holds more than two sessions."""
-        if self.checkpoint is None:
-            return None
-        route, self.checkpoint = self.checkpoint.route, None
-        return self.gw.background.spawn(self.release(route))
+    def drop_checkpoint(self) -> None:
+        """Release the rollback point (idempotent). A new response releases its predecessor's
+        before its own is taken (``retire``), so a connection never holds more than two
+        sessions."""
+        if self.checkpoint is not None:
+            self.gw.background.spawn(self.release(self.checkpoint.route))
+            self.checkpoint = None
+
+    def retire(self, route: Route, released: bool) -> None:
+        """A rollback point that a new response replaces: ``released`` on its replica by the
+        command that submitted that response (forgotten here and at the router), else released
+        now."""
+        if released:
+            self.gw.leases.drop(route.session_id)
+            self.gw.released_there(route)
+        else:
+            self.gw.background.spawn(self.release(route))
 
     async def release(self, route: Route) -> None:
         """Release one of this connection's sessions (no longer held by its lease)."""

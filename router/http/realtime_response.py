@@ -14,7 +14,7 @@ import asyncio
 import logging
 from typing import Any
 
-from replica.api import SamplingParams
+from replica.api import ChatPrompt, SamplingParams
 from router.gateway.convert import Refused
 from router.gateway.stream_leases import LEASE_S
 from router.http.errors import ApiError
@@ -90,22 +90,7 @@ class ResponseRun:
         status, output, text, usage_, error = "failed", [], "", None, None
         items, index, previous = self.conv.items, self.index, self.previous
         try:
-            # the previous response's fork goes first (its slot is the new one's), meanwhile
-            releasing = self.conv.drop_checkpoint()
-            prompt = await self.conv.prompt(instructions, index)
-            if releasing is not None:
-                await asyncio.wait({releasing})
-            if self.cancelled:  # cancelled before its turn was submitted
-                raise Cancelled()
-            # the rollback point is forked by the replica in the submit's own command: no
-            # round trip (and no step boundary) of its own before the prefill
-            self.stream = await self.turns.start(
-                self.conv.route,
-                SamplingParams(max_new_tokens=self.limit),
-                prompt.token_ids,
-                fork_lease_s=LEASE_S,
-            )
-            self.conv.started(self.stream.fork, self.stream.route)
+            prompt = await self._submit(instructions, index)
             if self.cancelled:  # cancelled while it was being submitted
                 await self._interrupt_turn()
             item = message_item(item_id, "assistant", "", "in_progress")
@@ -165,6 +150,33 @@ class ResponseRun:
             response["status_details"] = {"type": "failed", "error": details}
         self.metrics.responses.labels(status).inc()
         put(server_event("response.done", response=response))
+
+    async def _submit(self, instructions: str, index: int) -> ChatPrompt:
+        """Render the prompt and submit the turn (``self.stream``). The new rollback point is
+        forked by the replica in the submit's own command, which releases the previous one
+        first (its room is the new one's): no round trip, and no step boundary, of their own
+        before the prefill."""
+        conv = self.conv
+        previous, conv.checkpoint = conv.checkpoint, None
+        replaced = False
+        try:
+            prompt = await conv.prompt(instructions, index)
+            if self.cancelled:  # cancelled before its turn was submitted
+                raise Cancelled()
+            here = previous is not None and previous.route.replica_id == conv.route.replica_id
+            self.stream = await self.turns.start(
+                conv.route,
+                SamplingParams(max_new_tokens=self.limit),
+                prompt.token_ids,
+                fork_lease_s=LEASE_S,
+                replaces=previous.route.session_id if here else None,
+            )
+            replaced = self.stream.replaced
+        finally:
+            if previous is not None:
+                conv.retire(previous.route, replaced)
+        conv.started(self.stream.fork, self.stream.route)
+        return prompt
 
     def _forget(self, item_id: str) -> None:
         """A response that produced nothing leaves no item behind."""
