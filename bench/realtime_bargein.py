@@ -15,9 +15,14 @@ between a response's first two deltas (one decode step of the whole batch as a s
 and directly, one decode-only step of an in-process engine built as the replica is, with as
 many sessions (``bench.realtime_steps``). Each latency is also printed divided by the step,
 and beside them how late the shared event loop wakes a 10 ms sleep (the wait every hop through
-the gateway pays on top of its own work). Goal: both latencies under 2 engine steps at p50.
+the gateway pays on top of its own work) and the round trip of an actor call that does no work
+(``ping``) from the gateway's process to the replica, sampled through the run: the floor of
+each hop a cancel (one call, then the turn's end on the output stream) or a restart (the
+prompt's render, then the fork-and-submit) makes. Goal: both latencies under 2 engine steps at p50.
 
-Run: ``python -m bench.realtime_bargein [--quick] [--sockets N]``.
+Run: ``python -m bench.realtime_bargein [--quick] [--sockets N] [--no-checkpoints]``
+(``--no-checkpoints``: without session checkpoints, so a turn's last chunk is not held until
+its checkpoint is stored: what that hold adds to a cancel).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from bench.harness.cluster import local_cluster
 from bench.harness.report import Goal, Table, number, print_goals
 from bench.harness.stats import Spread, p50, p99
 from bench.realtime_steps import direct_decode_step_ms
+from replica.actor.client import ReplicaClient
 from tests.support.chat_peer import save_long_reply_peer
 
 SOCKETS = 32
@@ -52,12 +58,14 @@ class Samples:
     restarts: list[float] = dataclasses.field(default_factory=list)
     steps: list[float] = dataclasses.field(default_factory=list)
     lags: list[float] = dataclasses.field(default_factory=list)
+    pings: list[float] = dataclasses.field(default_factory=list)
 
     def extend(self, other: Samples) -> None:
         self.cancels += other.cancels
         self.restarts += other.restarts
         self.steps += other.steps
         self.lags += other.lags
+        self.pings += other.pings
 
 
 async def loop_lag(lags: list[float], tick_s: float = 0.01) -> None:
@@ -68,6 +76,17 @@ async def loop_lag(lags: list[float], tick_s: float = 0.01) -> None:
         start = loop.time()
         await asyncio.sleep(tick_s)
         lags.append((loop.time() - start - tick_s) * 1000)
+
+
+async def actor_pings(replica: ReplicaClient, pings: list[float], tick_s: float = 0.02) -> None:
+    """The round trip of an actor call that does no work (``ping``) from the gateway's process
+    to the replica (ms), every ``tick_s``, until cancelled: the floor of every hop a cancel or
+    a restart makes to the replica, in the same run."""
+    while True:
+        start = time.perf_counter()
+        await replica.ping()
+        pings.append((time.perf_counter() - start) * 1000)
+        await asyncio.sleep(tick_s)
 
 
 def message(text: str) -> dict:
@@ -120,19 +139,23 @@ async def measure(args: argparse.Namespace) -> tuple[list[Spread], Samples, floa
         save_long_reply_peer(Path(path))
         sessions = args.replica_sessions or 2 * args.sockets + 16
         flags = dict(model_path=path, replicas=1, threads=1, max_sessions=sessions,
-                     kv_tokens=64 * 1024, max_context=2048, page_size=16)  # fmt: skip
+                     kv_tokens=64 * 1024, max_context=2048, page_size=16,
+                     session_checkpoints=not args.no_checkpoints)  # fmt: skip
         async with local_cluster(**flags) as cluster:
             client = openai.AsyncOpenAI(
                 base_url=cluster.server.front.http_url, api_key="unused", max_retries=0
             )
             model = (await client.models.list()).data[0].id
+            replica = ReplicaClient(cluster.handles[0])
             for _ in range(args.repeats):
                 rep = Samples()
                 lag = asyncio.ensure_future(loop_lag(rep.lags))
+                ping = asyncio.ensure_future(actor_pings(replica, rep.pings))
                 runs = await asyncio.gather(
                     *(one_socket(client, model, rounds) for _ in range(args.sockets))
                 )
                 lag.cancel()
+                ping.cancel()
                 for run in runs:
                     rep.extend(run)
                 for i, values in enumerate((rep.cancels, rep.restarts, rep.steps)):
@@ -163,6 +186,10 @@ def report(args: argparse.Namespace, spreads: list[Spread], pooled: Samples, ste
               "1.00")  # fmt: skip
     table.add("gateway event loop lag (10 ms sleep overshoot)", number(p50(pooled.lags), ".1f"),
               number(p99(pooled.lags), ".1f"), len(pooled.lags), "-", "-")  # fmt: skip
+    table.add("actor ping round trip, gateway -> replica", number(p50(pooled.pings), ".1f"),
+              number(p99(pooled.pings), ".1f"), len(pooled.pings),
+              number(p50(pooled.pings) / seen_step.median), number(p50(pooled.pings) / step),
+              )  # fmt: skip
     table.print()
     print("  p50: median (min–max) over repetitions; p99 pooled over them")
     return [
@@ -193,6 +220,12 @@ def main() -> None:
         default=0,
         help="sessions the replica holds (default: room for each socket's two and 16 more; "
         "2 x --sockets: exactly at capacity)",
+    )
+    p.add_argument(
+        "--no-checkpoints",
+        action="store_true",
+        help="serve without --session-checkpoints: a turn's end is not held for its checkpoint "
+        "(what that hold adds to a cancel)",
     )
     args = cli.parse(p)
     t0 = time.perf_counter()

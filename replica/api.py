@@ -280,7 +280,24 @@ class OpenedBatch:
 # (session_id, idle_timeout_s, gateway_id, tenant, lease_s[, prefix]); prefix: None, the text or
 # the token ids the session starts holding (``SessionOps.open_session``)
 OpenArgs = tuple
-TurnArgs = tuple  # (session_id, text | None, token_ids | None, SamplingParams)
+# (session_id, text | None, token_ids | None, SamplingParams[, ForkArgs]); with ForkArgs the
+# session is forked first, in the same command (``replica.actor.batch_calls.fork_then_submit``)
+TurnArgs = tuple
+# (child_id, lease_s[, replaces]): the fork's id, its stream lease (0: none), and the session it
+# replaces (the previous rollback point), released first in the same command
+ForkArgs = tuple
+
+
+@dataclass(frozen=True, slots=True)
+class ForkedTurn:
+    """A turn submitted with a fork of its session taken just before it, in one command: the
+    turn's id, and the fork (the session's state before the turn, a rollback point: its info)
+    or why none was made (no room, draining: the turn runs regardless); ``replaced``: the
+    session the fork replaces was released here first (else its caller releases it)."""
+
+    turn_id: int
+    fork: SessionInfo | ActorError
+    replaced: bool = False
 
 
 @dataclass(frozen=True, slots=True)

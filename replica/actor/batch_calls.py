@@ -11,7 +11,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from replica.api import ActorError, OpenArgs, OpenedBatch, ReplicaError, SessionInfo
+from replica.api import (
+    ActorError,
+    ForkedTurn,
+    OpenArgs,
+    OpenedBatch,
+    ReleaseReason,
+    ReplicaError,
+    SamplingParams,
+    SessionInfo,
+    SessionMovingError,
+)
 
 if TYPE_CHECKING:
     from replica.engine.engine import Engine
@@ -37,18 +47,62 @@ def open_batch(engine: Engine, requests: list[OpenArgs]) -> OpenedBatch:
     return OpenedBatch(tuple(results), engine.snapshot())
 
 
-def submit_batch(engine: Engine, gateway_id: str, turns: list[tuple]) -> list[int | ActorError]:
-    """Queue each turn (``(session_id, input_ids, sampling)``, or the ``ActorError`` that
-    refused its input already); each result is its turn id or its refusal. Events go to
-    ``gateway_id``'s stream."""
-    results: list[int | ActorError] = []
+def submit_batch(
+    engine: Engine, gateway_id: str, turns: list[tuple]
+) -> list[int | ForkedTurn | ActorError]:
+    """Queue each turn (``(session_id, input_ids, sampling[, (child_id, lease_s)])``, or the
+    ``ActorError`` that refused its input already); each result is its turn id (a
+    ``ForkedTurn`` for one that asked for a fork) or its refusal. Events go to ``gateway_id``'s
+    stream."""
+    results: list[int | ForkedTurn | ActorError] = []
     for turn in turns:
         if isinstance(turn, ActorError):
             results.append(turn)
             continue
-        session_id, input_ids, sampling = turn
+        session_id, input_ids, sampling, *fork = turn
         try:
-            results.append(engine.submit(session_id, input_ids, sampling, gateway_id).rid)
+            if fork:
+                results.append(fork_then_submit(engine, gateway_id, turn[:3], *fork[0]))
+            else:
+                results.append(engine.submit(session_id, input_ids, sampling, gateway_id).rid)
         except ReplicaError as exc:
             results.append(exc.to_actor_error())
     return results
+
+
+def fork_then_submit(
+    engine: Engine,
+    gateway_id: str,
+    turn: tuple[str, list[int], SamplingParams],
+    child_id: str,
+    lease_s: float,
+    replaces: str | None = None,
+) -> ForkedTurn:
+    """Release ``replaces`` (the rollback point this fork replaces: its room is the fork's),
+    fork the turn's session into ``child_id`` (its state before the turn: a rollback point;
+    ``lease_s`` > 0: a stream holds it open from the start, as an open's lease), then queue the
+    turn, in one command: no step runs between them. A fork that cannot be made (no room, the
+    replica drains) is no reason to refuse the turn, which runs without one (``ForkedTurn.fork``
+    says why); a refused turn releases the fork it made and raises its refusal. ``replaces``
+    is not released when it is not open here or moves away (``ForkedTurn.replaced`` False)."""
+    session_id, input_ids, sampling = turn
+    replaced = False
+    if replaces is not None:
+        try:
+            replaced = engine.close_session(replaces, ReleaseReason.STREAM_ENDED)
+        except SessionMovingError:
+            pass  # its caller releases it where it goes
+    try:
+        fork: SessionInfo | ActorError = engine.fork_session(session_id, child_id, gateway_id)
+    except ReplicaError as exc:
+        fork = exc.to_actor_error()
+    else:
+        if lease_s > 0:
+            engine.leases.hold([child_id], lease_s)
+    try:
+        turn_id = engine.submit(session_id, input_ids, sampling, gateway_id).rid
+    except BaseException:
+        if not isinstance(fork, ActorError):
+            engine.close_session(child_id, ReleaseReason.ABORTED)
+        raise
+    return ForkedTurn(turn_id, fork, replaced)

@@ -24,6 +24,7 @@ from replica.api import (
     ChatPrompt,
     Closed,
     Exported,
+    ForkedTurn,
     Imported,
     ModelCard,
     OpenArgs,
@@ -110,7 +111,7 @@ class ReplicaClient:
 
     async def submit_turns(
         self, *, gateway_id: str, turns: list[TurnArgs]
-    ) -> list[int | ActorError] | ActorError:
+    ) -> list[int | ForkedTurn | ActorError] | ActorError:
         return await self.handle.submit_turns.remote(gateway_id, turns)
 
     async def submit_turn(

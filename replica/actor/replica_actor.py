@@ -34,6 +34,7 @@ from replica.api import (
     ChatPrompt,
     Closed,
     Exported,
+    ForkedTurn,
     Imported,
     ModelCard,
     OpenArgs,
@@ -185,7 +186,7 @@ class ReplicaActor:
 
     async def submit_turns(
         self, gateway_id: str, turns: list[TurnArgs]
-    ) -> list[int | ActorError] | ActorError:
+    ) -> list[int | ForkedTurn | ActorError] | ActorError:
         return await self.turns.submit_turns(gateway_id, turns)
 
     async def submit_turn(

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from replica.actor.batch_calls import submit_batch
 from replica.actor.engine_host import EngineHost
-from replica.api import ActorError, SamplingParams, StatusCode, TurnArgs
+from replica.api import ActorError, ForkedTurn, SamplingParams, StatusCode, TurnArgs
 from replica.failpoints import CallFaults
 
 if TYPE_CHECKING:
@@ -33,13 +33,16 @@ class TurnCalls:
 
     async def submit_turns(
         self, gateway_id: str, turns: list[TurnArgs]
-    ) -> list[int | ActorError] | ActorError:
-        """Queue turns, each ``(session_id, text, token_ids, sampling)`` (text or tokens);
-        each result is its turn id or its refusal. Their events go to ``gateway_id``'s stream.
-        Text is tokenised on a worker thread: a long text must not hold up the actor's event
-        loop, which answers health probes and pushes snapshots."""
+    ) -> list[int | ForkedTurn | ActorError] | ActorError:
+        """Queue turns, each ``(session_id, text, token_ids, sampling[, (child_id, lease_s)])``
+        (text or tokens); each result is its turn id or its refusal. A turn given a fork's
+        ``(child_id, lease_s)`` forks its session first, in the same engine command (the fork is
+        the state before the turn; ``batch_calls.fork_then_submit``), and its result is a
+        ``ForkedTurn``. Their events go to ``gateway_id``'s stream. Text is tokenised on a
+        worker thread: a long text must not hold up the actor's event loop, which answers
+        health probes and pushes snapshots."""
         self.call_faults.trip("submit_turns")
-        if any(text is not None for _, text, _, _ in turns):
+        if any(turn[1] is not None for turn in turns):
             inputs = await asyncio.to_thread(self._turn_inputs, turns)
         else:
             inputs = self._turn_inputs(turns)
@@ -47,13 +50,13 @@ class TurnCalls:
 
     def _turn_inputs(self, turns: list[TurnArgs]) -> list:
         inputs = []
-        for session_id, text, token_ids, sampling in turns:
+        for session_id, text, token_ids, sampling, *fork in turns:
             if text is not None and token_ids is not None:
                 why = "give either text or tokens, not both"
                 inputs.append(ActorError(StatusCode.INVALID_ARGUMENT, why))
                 continue
             ids = self.tokenizer.encode(text) if text is not None else list(token_ids or [])
-            inputs.append((session_id, ids, sampling))
+            inputs.append((session_id, ids, sampling, *fork))
         return inputs
 
     async def submit_turn(

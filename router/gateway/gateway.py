@@ -21,7 +21,7 @@ from typing import Any
 import grpc
 
 from protos import session_router_pb2 as pb
-from replica.api import ActorError, ReleaseReason, StatusCode
+from replica.api import ActorError, ReleaseReason, SessionInfo, StatusCode
 from router.control.api import Route
 from router.control.client import RouterClient
 from router.gateway.auth import ApiKeys, Caller, Unauthenticated
@@ -205,6 +205,34 @@ class Gateway:
         self.routes.put(route)
         self.delivery.watch(route)
         return route
+
+    def adopt_fork(self, parent: Route, info: SessionInfo) -> Route:
+        """The route of a fork that ``parent``'s replica made beside a turn (``TurnStreams.start``
+        with a fork): usable here at once; the router learns of it off the turn's path (a pin,
+        batched with this gateway's others, queued before any release of it), and when it
+        refuses the pin (it knows that replica dead) the fork is released."""
+        route = Route(info.session_id, parent.replica_id, parent.handle, info, parent.tenant)
+        self.routes.put(route)
+        self.delivery.watch(route)
+        pinned = self.updates.pin(route.session_id, route.replica_id, route.tenant)
+        self.background.spawn(self._keep_pinned(route, pinned))
+        return route
+
+    def released_there(self, route: Route) -> None:
+        """``route``'s session was released on its replica by a command of this gateway (a
+        fork's submit released the rollback point it replaces): forgotten here, and at the
+        router (batched, off the reply's path)."""
+        self.routes.drop(route.session_id)
+        self.updates.forget(route.session_id, route.replica_id)
+
+    async def _keep_pinned(self, route: Route, pinned: asyncio.Future) -> None:
+        try:
+            ok = await pinned
+        except Exception as exc:  # noqa: BLE001 - the router is away: its rebuild finds the fork
+            log.info("pin of fork %s failed: %s", route.session_id, exc)
+            return
+        if ok is False:
+            await self.release(route, ReleaseReason.ABORTED)
 
     async def on_session(
         self, route: Route, what: str, make: Callable[[Route], Awaitable[Any]]

@@ -17,6 +17,7 @@ from replica.actor.client import ReplicaClient
 from replica.api import (
     ActorError,
     Closed,
+    ForkedTurn,
     OpenArgs,
     OpenedBatch,
     PoolSnapshot,
@@ -49,7 +50,9 @@ class ReplicaCalls:
             return batch
         return [(result, batch.snapshot) for result in batch.results]
 
-    async def _submit(self, turns: list[TurnArgs]) -> list[int | ActorError] | ActorError:
+    async def _submit(
+        self, turns: list[TurnArgs]
+    ) -> list[int | ForkedTurn | ActorError] | ActorError:
         return await self.replica.submit_turns(gateway_id=self.gateway_id, turns=turns)
 
     def open(self, args: OpenArgs) -> asyncio.Future:
@@ -57,7 +60,8 @@ class ReplicaCalls:
         ``ActorError`` for the whole call."""
         return self.opens.submit(args)
 
-    async def submit(self, turn: TurnArgs) -> int | ActorError:
+    async def submit(self, turn: TurnArgs) -> int | ForkedTurn | ActorError:
+        """A turn's id (a ``ForkedTurn`` for one that asked for a fork), or its refusal."""
         return await self.submits.call(turn)
 
     async def close(self, session_id: str, reason: ReleaseReason) -> Release | ActorError:

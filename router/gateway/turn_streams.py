@@ -19,13 +19,21 @@ unless the latest turn ended or its state is gone (ABORTED), cancels it on the r
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from protos import session_router_pb2 as pb
-from replica.api import SamplingParams, StatusCode
+from replica.api import (
+    ForkArgs,
+    ForkedTurn,
+    ReleaseReason,
+    SamplingParams,
+    SessionInfo,
+    StatusCode,
+)
 from router.control.api import Route
 from router.gateway.background import Background
 from router.gateway.convert import MAX_TEXT_BYTES, Refused, chunk_from_piece
@@ -64,14 +72,20 @@ class TurnStreams:
         return TurnStream(route, inbox, self)
 
     async def start(
-        self, route: Route, text: str | None, ids: list[int] | None, sampling: SamplingParams
+        self,
+        route: Route,
+        text: str | None,
+        ids: list[int] | None,
+        sampling: SamplingParams,
+        fork: ForkArgs | None = None,
     ) -> TurnStream:
-        """A turn (text or token ids) submitted on ``route``'s session; ``TurnStream.chunks``
-        streams it and ``TurnStream.end`` must follow. Raises ``Refused`` when it is refused,
-        with nothing left held."""
+        """A turn (text or token ids) submitted on ``route``'s session (with ``fork``, the
+        session forked first in the same replica command: ``TurnStream.forked``);
+        ``TurnStream.chunks`` streams it and ``TurnStream.end`` must follow. Raises ``Refused``
+        when it is refused, with nothing left held."""
         stream = self.claim(route)
         try:
-            await stream.submit(text, ids, sampling)
+            await stream.submit(text, ids, sampling, fork)
         except BaseException as exc:
             stream.end(exc.code if isinstance(exc, Refused) else StatusCode.CANCELLED)
             raise
@@ -94,6 +108,16 @@ class TurnStreams:
         finally:
             stream.end(code)
 
+    async def release_fork(self, submitting: asyncio.Future) -> None:
+        """Release the fork a submission made, once it lands (its caller went away)."""
+        try:
+            route, result = await submitting
+        except Exception:  # noqa: BLE001 - refused or failed: no fork was kept
+            return
+        if type(result) is ForkedTurn and isinstance(result.fork, SessionInfo):
+            calls = self.calls.of(route.replica_id, route.handle)
+            await calls.close(result.fork.session_id, ReleaseReason.ABORTED)
+
 
 class TurnStream:
     def __init__(self, route: Route, inbox: Inbox, streams: TurnStreams) -> None:
@@ -106,6 +130,7 @@ class TurnStream:
         self.started = 0.0  # when it was submitted
         self.first = False  # its first token is still to come
         self.ended = False
+        self.forked: ForkedTurn | None = None  # the last submit's, when it asked for a fork
 
     async def take(self) -> list[Any]:
         """Everything put in the inbox since the last take (waits for one item)."""
@@ -116,20 +141,39 @@ class TurnStream:
         self.inbox.put(item)
 
     async def submit(
-        self, text: str | None, ids: list[int] | None, sampling: SamplingParams
+        self,
+        text: str | None,
+        ids: list[int] | None,
+        sampling: SamplingParams,
+        fork: ForkArgs | None = None,
     ) -> int:
-        """Queue a turn (text or token ids) where the session is; its turn id. Raises
-        ``Refused`` when it is refused."""
+        """Queue a turn (text or token ids) where the session is; its turn id. With ``fork``
+        (``(child_id, lease_s)``) the replica forks the session there first, in the same
+        command: ``forked`` then says what became of it. Raises ``Refused``
+        when the turn is refused (the replica released the fork it made). A call cancelled
+        while the submission is in flight leaves no fork behind: it is released once it lands.
+        """
         if text is not None and len(text.encode("utf-8", "surrogatepass")) > MAX_TEXT_BYTES:
             raise Refused(StatusCode.INVALID_ARGUMENT, f"text longer than {MAX_TEXT_BYTES} bytes")
-        route, turn_id = await self.streams.follower.on_session(
+        args = (text, ids, sampling) if fork is None else (text, ids, sampling, fork)
+        call = self.streams.follower.on_session(
             self.route,
             "submit_turns",
-            lambda r: self.streams.calls.of(r.replica_id, r.handle).submit(
-                (r.session_id, text, ids, sampling)
-            ),
+            lambda r: self.streams.calls.of(r.replica_id, r.handle).submit((r.session_id, *args)),
         )
+        if fork is None:
+            route, result = await call
+        else:
+            submitting = asyncio.ensure_future(call)
+            try:
+                route, result = await asyncio.shield(submitting)
+            except asyncio.CancelledError:
+                self.streams.background.spawn(self.streams.release_fork(submitting))
+                raise
         self.follow(route)
+        turn_id, self.forked = result, None
+        if type(result) is ForkedTurn:
+            turn_id, self.forked = result.turn_id, result
         self.turn_id, self.finished = turn_id, False
         self.started, self.first = time.perf_counter(), True
         return turn_id

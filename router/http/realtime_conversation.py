@@ -70,30 +70,19 @@ class LiveConversation:
             self.held, self.folded, self.stale = [], 0, False
         return await self.turns.chat_prompt(messages)
 
-    async def fork(self) -> Route | None:
-        """A fork of the session as it is now (None when it cannot be taken: no rollback). It
-        does not wait for room: a response starts at once, without a rollback point if need
-        be, rather than wait for another session to end."""
-        try:
-            route = await self.turns.fork(self.route.session_id, self.tenant, wait_s=0.0)
-        except ApiError:
-            return None
-        if route is not None:
-            self.gw.leases.hold(route)
-            # leased now, not at the next renewal: should this gateway die meanwhile, its
-            # replica releases the fork with the connection's session, not at its idle timeout
-            hold = route.replica.hold_sessions(session_ids=[route.session_id], lease_s=LEASE_S)
-            self.gw.background.spawn(hold)
-        return route
-
     def started(self, fork: Route | None, route: Route) -> None:
         """A response was submitted on ``route`` (the session may have moved there), with
-        ``fork`` taken just before: it becomes the checkpoint, the previous one is released."""
+        ``fork`` taken by the replica just before it, in the same command (None: it had no room
+        for one, the response has no rollback point; it never waits for room): the fork becomes
+        the checkpoint, the previous one is released. The fork's replica-side lease was taken
+        in that command too, so should this gateway die, its replica releases the fork with
+        the connection's session, not at its idle timeout."""
         if route.replica_id != self.route.replica_id:
             self.route = route
             self.gw.leases.hold(route)
         self.drop_checkpoint()
         if fork is not None:
+            self.gw.leases.hold(fork)
             self.checkpoint = Checkpoint(fork, list(self.held), self.folded)
 
     def ended(self, prompt: ChatPrompt, output: list[int], committed: int, item_index: int):
@@ -125,11 +114,22 @@ class LiveConversation:
         await self.release(old)
 
     def drop_checkpoint(self) -> None:
-        """Release the rollback point (idempotent). A new response drops its predecessor's
-        before taking its own, so a connection never holds more than two sessions."""
+        """Release the rollback point (idempotent). A new response releases its predecessor's
+        before its own is taken (``retire``), so a connection never holds more than two
+        sessions."""
         if self.checkpoint is not None:
             self.gw.background.spawn(self.release(self.checkpoint.route))
             self.checkpoint = None
+
+    def retire(self, route: Route, released: bool) -> None:
+        """A rollback point that a new response replaces: ``released`` on its replica by the
+        command that submitted that response (forgotten here and at the router), else released
+        now."""
+        if released:
+            self.gw.leases.drop(route.session_id)
+            self.gw.released_there(route)
+        else:
+            self.gw.background.spawn(self.release(route))
 
     async def release(self, route: Route) -> None:
         """Release one of this connection's sessions (no longer held by its lease)."""

@@ -14,8 +14,9 @@ import asyncio
 import logging
 from typing import Any
 
-from replica.api import SamplingParams
+from replica.api import ChatPrompt, SamplingParams
 from router.gateway.convert import Refused
+from router.gateway.stream_leases import LEASE_S
 from router.http.errors import ApiError
 from router.http.realtime_conversation import LiveConversation
 from router.http.realtime_events import message_item, new_id, server_event, usage
@@ -89,18 +90,7 @@ class ResponseRun:
         status, output, text, usage_, error = "failed", [], "", None, None
         items, index, previous = self.conv.items, self.index, self.previous
         try:
-            prompt, fork = await self._prompt_and_fork(instructions, index)
-            if self.cancelled:  # cancelled before its turn was submitted
-                raise Cancelled()
-            try:
-                self.stream = await self.turns.start(
-                    self.conv.route, SamplingParams(max_new_tokens=self.limit), prompt.token_ids
-                )
-            except BaseException:
-                if fork is not None:
-                    self.conv.gw.background.spawn(self.conv.release(fork))
-                raise
-            self.conv.started(fork, self.stream.route)
+            prompt = await self._submit(instructions, index)
             if self.cancelled:  # cancelled while it was being submitted
                 await self._interrupt_turn()
             item = message_item(item_id, "assistant", "", "in_progress")
@@ -161,28 +151,32 @@ class ResponseRun:
         self.metrics.responses.labels(status).inc()
         put(server_event("response.done", response=response))
 
-    async def _prompt_and_fork(self, instructions: str, index: int):
-        """The prompt, and a fork of the state it continues taken meanwhile (one round trip
-        less before the first token); forked again when the prompt replayed into a new
-        session."""
-        conv, before = self.conv, self.conv.route
-        conv.drop_checkpoint()  # its slot is the new fork's: released first, on the same replica
-        forking = asyncio.ensure_future(conv.fork())
+    async def _submit(self, instructions: str, index: int) -> ChatPrompt:
+        """Render the prompt and submit the turn (``self.stream``). The new rollback point is
+        forked by the replica in the submit's own command, which releases the previous one
+        first (its room is the new one's): no round trip, and no step boundary, of their own
+        before the prefill."""
+        conv = self.conv
+        previous, conv.checkpoint = conv.checkpoint, None
+        replaced = False
         try:
             prompt = await conv.prompt(instructions, index)
-        except BaseException:
-            forking.add_done_callback(self._release_fork)
-            raise
-        fork = await forking
-        if conv.route is not before:
-            if fork is not None:
-                conv.gw.background.spawn(conv.release(fork))
-            fork = await conv.fork()
-        return prompt, fork
-
-    def _release_fork(self, forking: asyncio.Future) -> None:
-        if not forking.cancelled() and forking.exception() is None and forking.result():
-            self.conv.gw.background.spawn(self.conv.release(forking.result()))
+            if self.cancelled:  # cancelled before its turn was submitted
+                raise Cancelled()
+            here = previous is not None and previous.route.replica_id == conv.route.replica_id
+            self.stream = await self.turns.start(
+                conv.route,
+                SamplingParams(max_new_tokens=self.limit),
+                prompt.token_ids,
+                fork_lease_s=LEASE_S,
+                replaces=previous.route.session_id if here else None,
+            )
+            replaced = self.stream.replaced
+        finally:
+            if previous is not None:
+                conv.retire(previous.route, replaced)
+        conv.started(self.stream.fork, self.stream.route)
+        return prompt
 
     def _forget(self, item_id: str) -> None:
         """A response that produced nothing leaves no item behind."""

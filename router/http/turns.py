@@ -9,6 +9,7 @@ goes away before its end is cancelled on the replica, which rolls the session ba
 from __future__ import annotations
 
 import random
+import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -20,6 +21,7 @@ from replica.api import (
     FinishReason,
     ModelCard,
     SamplingParams,
+    SessionInfo,
     StatusCode,
 )
 from router.control.api import Route
@@ -113,21 +115,40 @@ class Turns:
         sampling: SamplingParams,
         token_ids: list[int] | None = None,
         text: str | None = None,
+        fork_lease_s: float | None = None,
+        replaces: str | None = None,
     ) -> StartedTurn:
         """Submit one turn on ``route``'s session (``Gateway.turns``); raises ``ApiError`` when
-        it is refused (bad input, context overflow), before anything is streamed."""
+        it is refused (bad input, context overflow), before anything is streamed. With
+        ``fork_lease_s`` (the fork's stream lease; 0: none) the replica forks the session in the
+        same command, just before the turn, having released ``replaces`` first (a session of
+        the caller's on that replica: the fork takes its room): ``StartedTurn.fork`` is that
+        fork (the state before the turn, on the replica that answered), or None when it had no
+        room for one, and ``StartedTurn.replaced`` whether ``replaces`` was released there."""
+        fork = None
+        if fork_lease_s is not None:
+            fork = (secrets.token_hex(16), fork_lease_s, replaces)
         try:
-            turn = await self.gw.turns.start(route, text, token_ids, sampling)
+            turn = await self.gw.turns.start(route, text, token_ids, sampling, fork)
         except Refused as exc:
             raise ApiError.of(exc.code, str(exc)) from None
-        return StartedTurn(turn)
+        forked, replaced = None, False
+        if turn.forked is not None:
+            replaced = turn.forked.replaced
+            if isinstance(turn.forked.fork, SessionInfo):
+                forked = self.gw.adopt_fork(turn.route, turn.forked.fork)
+        return StartedTurn(turn, forked, replaced)
 
 
 class StartedTurn:
-    """A submitted turn; ``outputs`` must be iterated (or ``cancel`` called) to release it."""
+    """A submitted turn; ``outputs`` must be iterated (or ``cancel`` called) to release it.
+    ``fork``: the fork asked for with it, when one was made (its caller owns it); ``replaced``:
+    the session that fork replaces was released by the same command."""
 
-    def __init__(self, turn: TurnStream) -> None:
+    def __init__(self, turn: TurnStream, fork: Route | None = None, replaced: bool = False) -> None:
         self.turn = turn
+        self.fork = fork
+        self.replaced = replaced
         self.out = TurnOutput()
 
     @property
