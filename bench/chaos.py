@@ -257,8 +257,10 @@ def check_end_state(cluster: Cluster, report: ChaosReport) -> None:
         unsettled = [p for p in snap.pools if p.leaked or p.free + p.cached != p.capacity]
         problems += [f"{r}: {p.describe()}" for p in unsettled]
     if (held := ray.get(server.router.session_count.remote())) != 0:
-        pinned = {v.replica_id: ray.get(server.router.pinned_sessions.remote(v.replica_id))
-                  for v in ray.get(server.router.views.remote())}  # fmt: skip
+        ids = {v.replica_id for v in ray.get(server.router.views.remote())}
+        ids |= {hit.victim for hits in report.hits.values() for hit in hits}
+        ids |= {f"replica-{n}" for n in range(server.supervisor.replaced + 2 * c.replicas + 8)}
+        pinned = {r: ray.get(server.router.pinned_sessions.remote(r)) for r in sorted(ids)}
         where = "; ".join(f"{r}: {', '.join(s)}" for r, s in pinned.items() if s)
         problems.append(f"the router still pins {held} sessions ({where})")
     while (listed := metrics_replicas(server.metrics_url)) != set(live):
