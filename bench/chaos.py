@@ -7,18 +7,20 @@ leaked.
         --store-kills 2 --replica-stops 2 --migration-kills 2 --drain-kills 1
     .venv/bin/python -m bench.chaos --quick   # every kind of fault once, 120 sessions
 
-It starts a cluster in-process (``Server``, embedded Ray unless one is running), runs
+It starts a cluster in-process (``Server``, embedded Ray unless one is running), runs at least
 ``--sessions`` sessions from ``--concurrency`` asyncio clients (``bench/chaos_load.py``: client
-cancels, deadlines, bad inputs, barge-ins, abandoned sessions), and SIGKILLs a random replica or
-the router (and the other faults, ``bench/chaos_faults.py``) when the sessions finished cross
-random fractions of the run. At the end it checks: no session was doubled (held by two replicas
-at once, beyond a migration's moment) or left without a checkpoint longer than the bound; it
-reports the sessions lost (ended ABORTED: their replica died before their first checkpoint);
-every session completed or ended with a documented status code and no call
-hung; the cluster is
-back to ``--replicas`` healthy replicas; every live replica's pools are at capacity with 0
-leaked; the router's table is empty; /metrics lists the live replicas only. It prints the figures
-(sessions, faults, codes, time to heal) and exits 1 if a check failed. Self-contained for now
+cancels, deadlines, bad inputs, barge-ins, abandoned sessions), and makes the faults
+(``bench/chaos_faults.py``) when the sessions finished cross random fractions of ``--sessions``;
+the load goes on until the last fault has healed, so that every fault has sessions to hit. Each
+fault lands on something it can hit (a replica holding sessions, a store holding checkpoints, a
+session moving) and the report says per kind how many landed and on what. At the end it
+checks: every fault asked for hit something; no session was lost (ended ABORTED: with
+checkpoints on a replica's death costs none), doubled (held by two replicas at once, beyond a
+migration's moment) or left without a checkpoint longer than the bound; every session completed
+or ended with a documented status code and no call hung; the cluster is back to ``--replicas``
+healthy replicas; every live replica's pools are at capacity with 0 leaked; the router's table
+is empty; /metrics lists the live replicas only. It prints the figures (sessions, faults and
+what they hit, codes, time to heal) and exits 1 if a check failed. Self-contained for now
 (the shared benchmark harness is not on this branch).
 """
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import logging
 import os
 import random
@@ -38,8 +41,9 @@ from dataclasses import dataclass, field
 
 import ray
 
-from bench.chaos_faults import KINDS, Cluster, faults, watch
+from bench.chaos_faults import KINDS, Cluster, Hit, faults
 from bench.chaos_load import DOCUMENTED, SAFETY_S, Tally, session, unary
+from bench.chaos_watch import watch
 from protos import session_router_pb2 as pb
 from replica.api import PoolSnapshot
 from router.client import AsyncSessionClient
@@ -64,6 +68,18 @@ class ChaosConfig:
     heal_timeout_s: float = 120.0
     unprotected_bound_s: float = 60.0  # longest a replica may hold sessions without checkpoints
 
+    @property
+    def counts(self) -> dict[str, int]:
+        """How many faults of each kind (``KINDS``) the run makes."""
+        return {
+            "replica": self.replica_kills,
+            "router": self.router_kills,
+            "store": self.store_kills,
+            "stop": self.replica_stops,
+            "migration": self.migration_kills,
+            "drain": self.drain_kills,
+        }
+
 
 # ``--quick`` (and tests/test_chaos.py): every kind of fault once, in about two minutes
 FAULT_COUNTS = (
@@ -82,6 +98,8 @@ class ChaosReport:
     config: ChaosConfig
     tally: Tally = field(default_factory=Tally)
     heal_s: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in KINDS})
+    hits: dict[str, list[Hit]] = field(default_factory=lambda: {k: [] for k in KINDS})
+    lost_by: Counter = field(default_factory=Counter)  # sessions ABORTED from a fault to its heal
     doubled: set[str] = field(default_factory=set)
     unprotected_s: dict[str, float] = field(default_factory=dict)  # longest stretch per replica
     seconds: float = 0.0
@@ -99,11 +117,19 @@ class ChaosReport:
             s = self.heal_s[kind]
             return f"{kind} p50 {statistics.median(s):.1f} s, max {max(s):.1f} s" if s else kind
 
-        made = ", ".join(f"{len(self.heal_s[k])} {FAULT_NAMES[k]}" for k in KINDS)
+        def landed(kind: str) -> str:
+            hits = self.hits[kind]
+            where = "; ".join(h.describe() for h in hits)
+            return f"{FAULT_NAMES[kind]} {self.landed(kind)}/{c.counts[kind]}" + (
+                f" ({where})" if where else ""
+            )
+
         return [
-            f"chaos: {c.sessions} sessions from {c.concurrency} clients on {c.replicas} replicas "
-            f"(seed {c.seed}) in {self.seconds:.0f} s",
-            f"faults: {made}; clients: {codes(t.faults)}",
+            f"chaos: {sum(t.sessions.values())} sessions from {c.concurrency} clients on "
+            f"{c.replicas} replicas (seed {c.seed}) in {self.seconds:.0f} s",
+            "faults landed/asked (what they hit): "
+            + ", ".join(landed(k) for k in KINDS if c.counts[k] or self.hits[k]),
+            f"clients: {codes(t.faults)}",
             f"sessions ended: {codes(t.sessions)}",
             f"sessions lost {self.lost}, doubled {len(self.doubled)}, slots leaked {self.leaked}; "
             "longest unprotected "
@@ -121,6 +147,10 @@ class ChaosReport:
                 "healthy, pools at capacity, 0 leaked, router table empty, /metrics live only"
             ),
         ]
+
+    def landed(self, kind: str) -> int:
+        """Faults of ``kind`` that hit something (sessions, checkpoints, a move in flight)."""
+        return sum(1 for hit in self.hits[kind] if hit.count)
 
     @property
     def lost(self) -> int:
@@ -162,40 +192,20 @@ class Admin:
 async def load(cluster: Cluster, report: ChaosReport) -> None:
     c = report.config
     client = AsyncSessionClient(cluster.server.grpc_address)
-    queue: asyncio.Queue[int] = asyncio.Queue()
-    for n in range(c.sessions):
-        queue.put_nowait(n)
-    done = [0]
-
-    async def worker() -> None:
-        while not queue.empty():
-            n = queue.get_nowait()
-            await session(client, random.Random(c.seed * 1_000_003 + n), report.tally)
-            done[0] += 1
-
-    kills = {
-        "replica": c.replica_kills,
-        "router": c.router_kills,
-        "store": c.store_kills,
-        "stop": c.replica_stops,
-        "migration": c.migration_kills,
-        "drain": c.drain_kills,
-    }
+    started, done = itertools.count(), [0]
     rng = random.Random(c.seed)
     admin = Admin(client, report.tally)
     injector = asyncio.create_task(
-        faults(
-            cluster,
-            kills,
-            c.sessions,
-            done,
-            rng,
-            report.heal_s,
-            admin,
-            c.heal_timeout_s,
-            report.problems,
-        )
+        faults(cluster, c.counts, c.sessions, done, rng, report, admin, c.heal_timeout_s)
     )
+
+    async def worker() -> None:
+        # --sessions at least, and on until the last fault has healed: a fault made after the
+        # load ended would find nothing to hit
+        while (n := next(started)) < c.sessions or not injector.done():
+            await session(client, random.Random(c.seed * 1_000_003 + n), report.tally)
+            done[0] += 1
+
     stop_watching = asyncio.Event()
     watcher = asyncio.create_task(
         watch(cluster, report.doubled, report.unprotected_s, stop_watching)
@@ -217,12 +227,15 @@ def metrics_replicas(url: str) -> set[str]:
 def check_end_state(cluster: Cluster, report: ChaosReport) -> None:
     c, server, problems = report.config, cluster.server, report.problems
     deadline = time.monotonic() + c.heal_timeout_s
-    while len(cluster.healthy()) < c.replicas or server.starting:
+    # healthy at the router and serve's own: a replica serve killed (its start failed) can be
+    # listed healthy until the router sees it die
+    while len(live := sorted(cluster.healthy() & set(server.replicas))) < c.replicas or (
+        server.starting
+    ):
         if time.monotonic() > deadline:
-            problems.append(f"only {sorted(cluster.healthy())} healthy")
+            problems.append(f"only {live} healthy")
             return
         time.sleep(0.2)
-    live = sorted(cluster.healthy())
     report.replaced = server.supervisor.replaced
     snaps: list = []
     while time.monotonic() < deadline:  # abandoned sessions end at their idle timeout
@@ -244,8 +257,10 @@ def check_end_state(cluster: Cluster, report: ChaosReport) -> None:
         unsettled = [p for p in snap.pools if p.leaked or p.free + p.cached != p.capacity]
         problems += [f"{r}: {p.describe()}" for p in unsettled]
     if (held := ray.get(server.router.session_count.remote())) != 0:
-        pinned = {v.replica_id: ray.get(server.router.pinned_sessions.remote(v.replica_id))
-                  for v in ray.get(server.router.views.remote())}  # fmt: skip
+        ids = {v.replica_id for v in ray.get(server.router.views.remote())}
+        ids |= {hit.victim for hits in report.hits.values() for hit in hits}
+        ids |= {f"replica-{n}" for n in range(server.supervisor.replaced + 2 * c.replicas + 8)}
+        pinned = {r: ray.get(server.router.pinned_sessions.remote(r)) for r in sorted(ids)}
         where = "; ".join(f"{r}: {', '.join(s)}" for r, s in pinned.items() if s)
         problems.append(f"the router still pins {held} sessions ({where})")
     while (listed := metrics_replicas(server.metrics_url)) != set(live):
@@ -254,6 +269,12 @@ def check_end_state(cluster: Cluster, report: ChaosReport) -> None:
             break
         time.sleep(0.5)
     t = report.tally
+    missed = [f"{k} {report.landed(k)}/{n}" for k, n in c.counts.items() if report.landed(k) < n]
+    if missed:  # a fault that hit nothing tested nothing
+        problems.append(f"faults that hit something, of those asked: {', '.join(missed)}")
+    if report.lost:
+        by = ", ".join(f"{k} {n}" for k, n in report.lost_by.items() if n)
+        problems.append(f"{report.lost} sessions lost (ended ABORTED; during faults: {by})")
     if report.doubled:
         problems.append(f"{len(report.doubled)} sessions held by two replicas at once")
     if (longest := max(report.unprotected_s.values(), default=0.0)) > c.unprotected_bound_s:

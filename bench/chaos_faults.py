@@ -1,10 +1,10 @@
 """The cluster side of ``bench/chaos.py``: the cluster under test, on its own event loop thread,
-and the faults injected into it at random points of the run, each timed until the cluster has
-healed: SIGKILLs of a replica's process, of the router's and of a replica's checkpoint store;
-SIGSTOP of a replica (then SIGCONT, once it has been declared dead); a migration whose target is
-SIGKILLed as it starts; a drain with migration whose replica is SIGKILLed during it. Meanwhile a
-watcher samples every live replica's sessions: a session held by two replicas in two samples in a
-row is doubled."""
+and the faults made on it, each on something it can hit and each timed until the cluster has
+healed: SIGKILLs of a replica holding sessions, of the router while its table holds sessions and
+of a checkpoint store holding checkpoints; SIGSTOP of a replica holding sessions (SIGCONT once
+it has been declared dead); a migration whose target is SIGKILLed while the session moves; a
+drain with migration whose replica is SIGKILLed while it drains. Each fault says what it hit
+(``Hit``); one that found nothing to hit is made again, and one that never does is reported."""
 
 from __future__ import annotations
 
@@ -15,12 +15,15 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass
 
 import ray
 
-from replica.api import PoolSnapshot
+from replica.api import ActorError
+from replica.checkpoints.store_client import CheckpointStoreClient
 from router.config import ServeConfig
 from router.control.api import ReplicaHealth
+from router.control.client import RouterClient
 from router.ops.serve import Server
 
 
@@ -50,6 +53,15 @@ class Cluster:
         health = {v.replica_id: v.health for v in views}
         return bool(views) and health.get(replica_id, ReplicaHealth.DEAD) == ReplicaHealth.DEAD
 
+    async def pinned(self) -> dict[str, list[str]]:
+        """The sessions the router pins to each healthy replica ({} while it restarts)."""
+        router, found = RouterClient(self.server.router), {}
+        for replica_id in sorted(await asyncio.to_thread(self.healthy)):
+            sessions = await router.pinned_sessions(replica_id=replica_id, retry=False)
+            if not isinstance(sessions, ActorError):
+                found[replica_id] = sessions
+        return found
+
 
 def progress(line: str) -> None:
     """A line on stderr as the run goes (the report comes at the end, on stdout)."""
@@ -60,113 +72,108 @@ def pid_of(handle) -> int:
     return ray.get(handle.__ray_call__.remote(lambda _actor: os.getpid()), timeout=30)
 
 
+async def sigkill(handle) -> None:
+    os.kill(await asyncio.to_thread(pid_of, handle), signal.SIGKILL)
+
+
 KINDS = ("replica", "router", "store", "stop", "migration", "drain")
 STOPPED_MAX_S = 60.0  # a SIGSTOPped replica is continued once fenced, or after this at most
 
 
-def held_by(cluster: Cluster) -> tuple[dict[str, set[str]], dict[str, int]]:
-    """Each healthy replica's sessions, and how many of them are unprotected (no checkpoint);
-    a replica that does not answer at once is left out."""
-    server, held, unprotected = cluster.server, {}, {}
-    for replica_id in cluster.healthy():
-        handle = server.replicas.get(replica_id)
-        if handle is None:
-            continue
-        try:
-            sessions = ray.get(handle.list_sessions.remote(), timeout=2)
-            snapshot = ray.get(handle.snapshot.remote(exact=False), timeout=2)
-        except Exception:  # noqa: BLE001 - stopped or dying: not a holder we can read
-            continue
-        if isinstance(sessions, dict):
-            held[replica_id] = set(sessions)
-        if isinstance(snapshot, PoolSnapshot):
-            unprotected[replica_id] = snapshot.checkpoints.unprotected
-    return held, unprotected
+@dataclass(frozen=True)
+class Hit:
+    """What one fault landed on: ``victim`` (a replica, "router", a replica's store) and
+    ``count`` of ``what`` there (0: it landed, but on nothing in flight)."""
+
+    victim: str
+    count: int
+    what: str
+
+    def describe(self) -> str:
+        return f"{self.victim}: {self.count} {self.what}"
 
 
-async def watch(
-    cluster: Cluster,
-    doubled: set[str],
-    unprotected_s: dict[str, float],
-    stop: asyncio.Event,
-) -> None:
-    """Sessions held by two replicas in two samples in a row (a migration holds both copies
-    for a moment only) go to ``doubled``; ``unprotected_s`` keeps, per replica, the longest
-    stretch during which it held sessions without a checkpoint."""
-    seen_twice: set[str] = set()
-    since: dict[str, float] = {}
-    while not stop.is_set():
-        held, unprotected = await asyncio.to_thread(held_by, cluster)
-        now_s = time.monotonic()
-        for replica_id, n in unprotected.items():
-            if n == 0:
-                since.pop(replica_id, None)
-                continue
-            start = since.setdefault(replica_id, now_s)
-            unprotected_s[replica_id] = max(unprotected_s.get(replica_id, 0.0), now_s - start)
-        counts: dict[str, int] = {}
-        for sessions in held.values():
-            for session_id in sessions:
-                counts[session_id] = counts.get(session_id, 0) + 1
-        now = {sid for sid, n in counts.items() if n > 1}
-        doubled |= now & seen_twice
-        seen_twice = now
-        await asyncio.sleep(0.5)
-
-
-async def inject(cluster: Cluster, kind: str, rng: random.Random, grpc_admin) -> str | None:
-    """Make one fault of ``kind``; returns the replica it hit (None: nothing to hit now)."""
+async def inject(cluster: Cluster, kind: str, rng: random.Random, admin) -> Hit | None:
+    """Make one fault of ``kind`` on something it can hit; None (nothing done): there is
+    nothing to hit now (no session on a replica, no checkpoint in a store)."""
     server = cluster.server
-    live = sorted(await asyncio.to_thread(cluster.healthy))
-    victim = rng.choice(live) if live else None
+    pinned = {r: s for r, s in (await cluster.pinned()).items() if s}
     if kind == "router":
-        os.kill(await asyncio.to_thread(pid_of, server.router), signal.SIGKILL)
-        return "router"
-    if victim is None or victim not in server.replicas:
-        return None
-    handle = server.replicas[victim]
-    if kind == "replica":
-        os.kill(await asyncio.to_thread(pid_of, handle), signal.SIGKILL)
-    elif kind == "store":
-        store = server.stores.get(victim)
-        if store is None:
+        held = await RouterClient(server.router).session_count(retry=False)
+        if isinstance(held, ActorError) or held == 0:
             return None
-        os.kill(await asyncio.to_thread(pid_of, store), signal.SIGKILL)
+        await sigkill(server.router)
+        return Hit("router", held, "sessions in its table")
+    if kind == "store":
+        held = {}
+        for replica_id in pinned:
+            if (store := server.stores.get(replica_id)) is not None:
+                held[replica_id] = (await CheckpointStoreClient(store).stats())[0]
+        held = {r: n for r, n in held.items() if n}
+        if not held:
+            return None
+        victim = rng.choice(sorted(held))
+        store = server.stores[victim]
+        await sigkill(store)
         while server.stores.get(victim) is store and victim in server.replicas:
             await asyncio.sleep(0.2)  # healed: serve's keeper started a new store for it
+        return Hit(f"{victim}'s store", held[victim], "checkpoints")
+    if not pinned or (kind == "migration" and len(cluster.healthy()) < 2):
+        return None
+    victim = rng.choice(sorted(pinned))
+    handle, sessions = server.replicas[victim], len(pinned[victim])
+    if kind == "replica":
+        await sigkill(handle)
     elif kind == "stop":
-        pid = await asyncio.to_thread(pid_of, handle)
-        os.kill(pid, signal.SIGSTOP)
-        # stopped until fenced: a replica continued before the router saw it stale is healthy
-        # again, and the cluster would wait for its replacement forever
-        deadline = time.monotonic() + STOPPED_MAX_S
-        while not await asyncio.to_thread(cluster.fenced, victim):
-            if time.monotonic() > deadline:
-                break
-            await asyncio.sleep(0.2)
-        try:
-            os.kill(pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
+        await stop_until_fenced(cluster, victim, handle)
     elif kind == "migration":
-        others = [r for r in live if r != victim]
-        pinned = await asyncio.to_thread(
-            ray.get, server.router.pinned_sessions.remote(victim), timeout=10
-        )
-        if not others or not pinned:
-            return None
-        target = rng.choice(others)
-        moving = asyncio.create_task(grpc_admin.migrate(rng.choice(pinned), target))
+        target = rng.choice(sorted(cluster.healthy() - {victim}))
+        session_id = rng.choice(pinned[victim])
+        moving = asyncio.create_task(admin.migrate(session_id, target))
         await asyncio.sleep(rng.uniform(0, 0.05))
-        os.kill(await asyncio.to_thread(pid_of, server.replicas[target]), signal.SIGKILL)
-        await moving
-        return target
+        mid_way = not moving.done()
+        await sigkill(server.replicas[target])
+        code = await moving
+        return Hit(target, int(mid_way), f"session moving in from {victim} ({code})")
     elif kind == "drain":
-        draining = asyncio.create_task(grpc_admin.drain(victim))
+        draining = asyncio.create_task(admin.drain(victim))
         await asyncio.sleep(rng.uniform(0, 0.2))
-        os.kill(await asyncio.to_thread(pid_of, handle), signal.SIGKILL)
-        await draining
-    return victim
+        mid_way = not draining.done()
+        await sigkill(handle)
+        code = await draining
+        return Hit(victim, sessions if mid_way else 0, f"sessions draining ({code})")
+    return Hit(victim, sessions, "sessions")
+
+
+async def stop_until_fenced(cluster: Cluster, victim: str, handle) -> None:
+    """SIGSTOP ``victim`` and keep it stopped until the router has fenced it: a replica
+    continued before the router saw it stale is healthy again, and would never be replaced."""
+    pid = await asyncio.to_thread(pid_of, handle)
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + STOPPED_MAX_S
+    while not await asyncio.to_thread(cluster.fenced, victim):
+        if time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.2)
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+
+
+def waiting_on(cluster: Cluster) -> str:
+    """What a heal is waiting for: the router's view, serve's replicas, Ray's free CPU."""
+    server = cluster.server
+    views = ", ".join(f"{v.replica_id} {v.health.name}" for v in cluster.views())
+    return (
+        f"not healed yet: router lists {views or 'nothing'}; serve has {sorted(server.replicas)}"
+        f" (starting {sorted(server.starting)}); Ray has CPU "
+        f"{ray.available_resources().get('CPU', 0.0):g} free"
+    )
+
+
+SAY_EVERY_S = 30.0
+ATTEMPTS = 3  # a fault that landed on nothing in flight is made again, this many times in all
 
 
 async def faults(
@@ -175,38 +182,58 @@ async def faults(
     sessions: int,
     done: list[int],
     rng: random.Random,
-    heal_s: dict[str, list[float]],
-    grpc_admin,
+    report,
+    admin,
     heal_timeout_s: float,
-    unhealed: list[str],
 ) -> None:
     """Make the faults of ``kills`` (how many of each kind) when the sessions finished
-    (``done[0]`` of ``sessions``) cross random fractions of the run; after each, wait until the
-    cluster is back to ``--replicas`` healthy replicas without a replica it fenced (a store's
-    death fences nothing), and record how long that took in ``heal_s[kind]``. A fault that has
-    not healed within ``heal_timeout_s`` ends the faults, said in ``unhealed``."""
+    (``done[0]`` of ``sessions``) cross random fractions of the run; the load goes on until
+    this returns. After each, wait until the cluster is back to ``--replicas`` healthy replicas
+    without a replica it fenced (a store's death fences nothing), and record how long that took
+    in ``report.heal_s[kind]``, what it hit in ``report.hits[kind]`` and the sessions that ended
+    ABORTED meanwhile in ``report.lost_by[kind]``. A fault that finds
+    nothing to hit within ``heal_timeout_s``, or that has not healed within it, is said in
+    ``report.problems``; one not healed ends the faults."""
     replicas = cluster.server.config.replicas
     plan = sorted((rng.uniform(0.1, 0.8), kind) for kind, n in kills.items() for _ in range(n))
     for fraction, kind in plan:
         while done[0] < fraction * sessions:
             await asyncio.sleep(0.05)
-        started = time.monotonic()
-        progress(f"{kind} fault at {done[0]}/{sessions} sessions")
-        victim = await inject(cluster, kind, rng, grpc_admin)
-        if victim is None:
-            continue
-        fenced = None if kind == "store" else victim
+        for _ in range(ATTEMPTS):
+            progress(f"{kind} fault at {done[0]} sessions done")
+            looking = started = time.monotonic()
+            while (hit := await inject(cluster, kind, rng, admin)) is None:
+                if time.monotonic() - looking > heal_timeout_s:
+                    break
+                await asyncio.sleep(0.5)
+                started = time.monotonic()  # the fault is made from here
+            if hit is None:
+                report.problems.append(f"{kind} fault: nothing to hit in {heal_timeout_s:.0f} s")
+                progress(report.problems[-1])
+                break
+            report.hits[kind].append(hit)
+            aborted = report.tally.sessions["ABORTED"]
+            fenced = None if kind == "store" else hit.victim
 
-        def healed(fenced=fenced) -> bool:
-            live = cluster.healthy()
-            return len(live) >= replicas and fenced not in live
+            def healed(fenced=fenced) -> bool:
+                live = cluster.healthy()
+                return len(live) >= replicas and fenced not in live
 
-        progress(f"{kind} fault made on {victim} in {time.monotonic() - started:.1f} s")
-        while not await asyncio.to_thread(healed):
-            if time.monotonic() - started > heal_timeout_s:
-                unhealed.append(f"{kind} on {victim}: not healed in {heal_timeout_s:.0f} s")
-                progress(unhealed[-1])
-                return
-            await asyncio.sleep(0.1)
-        heal_s[kind].append(time.monotonic() - started)
-        progress(f"{kind} fault healed in {heal_s[kind][-1]:.1f} s")
+            progress(f"{kind} fault made on {hit.describe()}")
+            said = started
+            while not await asyncio.to_thread(healed):
+                if time.monotonic() - said > SAY_EVERY_S:  # what it waits for
+                    said = time.monotonic()
+                    progress(await asyncio.to_thread(waiting_on, cluster))
+                if time.monotonic() - started > heal_timeout_s:
+                    report.problems.append(f"{kind} on {hit.victim}: not healed in "
+                                           f"{heal_timeout_s:.0f} s")  # fmt: skip
+                    progress(report.problems[-1])
+                    return
+                await asyncio.sleep(0.1)
+            report.heal_s[kind].append(time.monotonic() - started)
+            lost = report.tally.sessions["ABORTED"] - aborted
+            report.lost_by[kind] += lost
+            progress(f"{kind} fault healed in {report.heal_s[kind][-1]:.1f} s; {lost} lost")
+            if hit.count:
+                break

@@ -1,23 +1,28 @@
-"""A short run of the fault-injection soak (``bench/chaos.py``): misbehaving sessions while a
-replica, the router and a checkpoint store are SIGKILLed; the cluster must heal to --replicas
-healthy replicas with no session lost or doubled, every pool at capacity, 0 leaked, an empty
-router table, only live replicas in /metrics, and every session completed or ended with a
-documented status code, no call hung."""
+"""A short run of the fault-injection soak (``bench/chaos.py``, its ``--quick`` but for the
+SIGSTOP): misbehaving sessions while a replica, the router and a checkpoint store are
+SIGKILLed, a migration's target is SIGKILLed while the session moves and a draining replica is
+SIGKILLed, each fault on something it can hit; the cluster must heal to --replicas healthy
+replicas with no session lost or doubled, every pool at capacity, 0 leaked, an empty router
+table, only live replicas in /metrics, and every session completed or ended with a documented
+status code, no call hung. The SIGSTOP of a replica is left out: it still loses sessions in some
+runs (docs/benchmarks.md#benchchaos)."""
 
 from __future__ import annotations
 
-from bench.chaos import ChaosConfig, run_chaos
+from bench.chaos import QUICK, ChaosConfig, run_chaos
 
 
-def test_short_chaos_run_heals_with_nothing_doubled_or_leaked(ray_cluster):
-    config = ChaosConfig(sessions=120, concurrency=12, replica_kills=1, router_kills=1, seed=3)
+def test_every_fault_lands_and_the_cluster_heals_with_nothing_lost_or_leaked(ray_cluster):
+    config = ChaosConfig(**{**QUICK, "replica_stops": 0})
     report = run_chaos(config, namespace="chaos-test")
     print("\n".join(report.lines()))
     assert not report.problems, report.problems
-    assert not report.doubled
+    # each fault landed on something: sessions, checkpoints, a move or a drain in flight
+    for kind, asked in config.counts.items():
+        assert report.landed(kind) == asked, (kind, report.hits[kind])
+        assert len(report.heal_s[kind]) >= asked, kind
     assert report.lost == 0  # checkpoints on: a replica's death costs no session
-    assert len(report.heal_s["store"]) == 1  # its store SIGKILLed too, and replaced
-    assert sum(report.tally.sessions.values()) == config.sessions
-    assert len(report.heal_s["replica"]) == 1 and len(report.heal_s["router"]) == 1
+    assert not report.doubled and report.leaked == 0
+    assert sum(report.tally.sessions.values()) >= config.sessions
     assert report.tally.faults["bad inputs"] and report.tally.faults["client cancels"]
     assert report.replaced >= 1

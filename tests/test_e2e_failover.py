@@ -198,6 +198,8 @@ def test_a_drain_with_migration_while_another_replica_dies(server):
         0.1,
         "the third replica's first snapshot",
     )
+    cluster = server.server.gateway.cluster  # the gateway places by its own view, polled
+    wait_for(lambda: extra in cluster.handles, 30, 0.1, "the gateway's view of the third replica")
     sessions = [client.open() for _ in range(6)]
     first = {}
     for n, s in enumerate(sessions):

@@ -29,9 +29,15 @@ class Registration:
         self.host = host
         self.checkpoints = checkpoints
 
-    async def arguments(self) -> tuple:
+    async def arguments(self) -> tuple | None:
         """``(handle, description, tenants, snapshot, checkpoint store, blank sessions)``, read
-        on the actor's event loop (the actor's own handle is Ray's runtime context's)."""
+        on the actor's event loop (the actor's own handle is Ray's runtime context's); None
+        while checkpoints are on and no store has followed this replica yet: a replica starting
+        up is registered by the serve process with its new store, and one that registered itself
+        without would be HEALTHY, taking sessions whose failover finds no store to restore them
+        from."""
+        if self.checkpoints.outbox is not None and self.checkpoints.store is None:
+            return None
         return (
             ray.get_runtime_context().current_actor,
             await self.status.describe(),

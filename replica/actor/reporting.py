@@ -28,14 +28,14 @@ class RouterReporter:
         replica_id: str,
         router: Any,
         latest_snapshot: Callable[[], PoolSnapshot],
-        registration: Callable[[], Awaitable[tuple]],
+        registration: Callable[[], Awaitable[tuple | None]],
         interval_s: float = 1.0,
         drop_snapshots: bool = False,
     ) -> None:
         """``router``: the router's handle; ``registration()`` gives ``register_replica``'s
         arguments after the replica id (handle, description, session tenants, snapshot,
-        checkpoint store, the idle timeouts of the sessions that hold nothing yet);
-        ``drop_snapshots`` is the failpoint."""
+        checkpoint store, the idle timeouts of the sessions that hold nothing yet), or None
+        while the replica may not register itself yet; ``drop_snapshots`` is the failpoint."""
         self.replica_id = replica_id
         self.router = RouterReports(router)
         self.latest_snapshot = latest_snapshot
@@ -69,7 +69,10 @@ class RouterReporter:
             # it again once registered, or a gateway's pin of one of them that lands later
             # would stay in its table with no session behind it
             self._released = released + self._released
-            handle, desc, tenants, snapshot, checkpoints, blank = await self.registration()
+            arguments = await self.registration()
+            if arguments is None:  # not yet: see ``Registration.arguments``
+                return
+            handle, desc, tenants, snapshot, checkpoints, blank = arguments
             await self.router.register_replica(
                 replica_id=self.replica_id,
                 handle=handle,

@@ -27,7 +27,7 @@ from cachetools import LRUCache
 
 from replica.api import ActorError, ReleaseReason, StatusCode
 from router.call_errors import CallFailure, FailureKind, log_failure
-from router.control.api import ReplicaView, Route
+from router.control.api import ReplicaHealth, ReplicaView, Route
 from router.control.placement import choose_replica
 from router.control.registry import ReplicaRegistry
 from router.control.room_report import room_report
@@ -212,6 +212,12 @@ class Opener:
             return ActorError(StatusCode.RESOURCE_EXHAUSTED, f"replica {replica_id} failed; retry")
         if isinstance(opened, ActorError):
             return opened
+        if self.replicas.get(replica_id) is not entry or entry.health == ReplicaHealth.DEAD:
+            # declared dead while the open was in flight (a stopped replica answers once
+            # continued): its failover has taken its sessions already, so a pin now would
+            # name a replica that is gone, for good
+            await self._close_on(entry, session_id)
+            return ActorError(StatusCode.RESOURCE_EXHAUSTED, f"replica {replica_id} failed; retry")
         entry.take(opened.snapshot)  # counts the new session
         blank = BlankOpen(idle_timeout_s, entry.store_epoch) if prefix is None else None
         self.sessions.pin(session_id, replica_id, tenant, blank)
