@@ -227,19 +227,21 @@ def metrics_replicas(url: str) -> set[str]:
 def check_end_state(cluster: Cluster, report: ChaosReport) -> None:
     c, server, problems = report.config, cluster.server, report.problems
     deadline = time.monotonic() + c.heal_timeout_s
-    # healthy at the router and serve's own: a replica serve killed (its start failed) can be
-    # listed healthy until the router sees it die
-    while len(live := sorted(cluster.healthy() & set(server.replicas))) < c.replicas or (
-        server.starting
-    ):
+    # healthy at the router and the controller's own: a replica the controller killed (its
+    # start failed) can be listed healthy until the router sees it die
+    while True:
+        fleet = cluster.fleet()
+        live = sorted(cluster.healthy() & set(fleet.replicas))
+        if len(live) >= c.replicas and not fleet.starting:
+            break
         if time.monotonic() > deadline:
             problems.append(f"only {live} healthy")
             return
         time.sleep(0.2)
-    report.replaced = server.supervisor.replaced
+    report.replaced = fleet.replicas_replaced
     snaps: list = []
     while time.monotonic() < deadline:  # abandoned sessions end at their idle timeout
-        snaps = ray.get([server.replicas[r].check_invariant.remote() for r in live], timeout=60)
+        snaps = ray.get([fleet.replicas[r].check_invariant.remote() for r in live], timeout=60)
         at_capacity = all(
             isinstance(s, PoolSnapshot)
             and s.open_sessions == 0
@@ -259,7 +261,7 @@ def check_end_state(cluster: Cluster, report: ChaosReport) -> None:
     if (held := ray.get(server.router.session_count.remote())) != 0:
         ids = {v.replica_id for v in ray.get(server.router.views.remote())}
         ids |= {hit.victim for hits in report.hits.values() for hit in hits}
-        ids |= {f"replica-{n}" for n in range(server.supervisor.replaced + 2 * c.replicas + 8)}
+        ids |= {f"replica-{n}" for n in range(fleet.replicas_replaced + 2 * c.replicas + 8)}
         pinned = {r: ray.get(server.router.pinned_sessions.remote(r)) for r in sorted(ids)}
         where = "; ".join(f"{r}: {', '.join(s)}" for r, s in pinned.items() if s)
         problems.append(f"the router still pins {held} sessions ({where})")

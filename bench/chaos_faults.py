@@ -22,7 +22,7 @@ import ray
 from replica.api import ActorError
 from replica.checkpoints.store_client import CheckpointStoreClient
 from router.config import ServeConfig
-from router.control.api import ReplicaHealth
+from router.control.api import FleetView, ReplicaHealth
 from router.control.client import RouterClient
 from router.ops.serve import Server
 
@@ -37,6 +37,10 @@ class Cluster:
 
     def call(self, coro, timeout: float = 300.0):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def fleet(self) -> FleetView:
+        """The controller's replicas, their stores and those starting (from a plain thread)."""
+        return self.call(self.server.controller.fleet_view(), timeout=30)
 
     def views(self) -> list:
         try:
@@ -98,6 +102,7 @@ async def inject(cluster: Cluster, kind: str, rng: random.Random, admin) -> Hit 
     nothing to hit now (no session on a replica, no checkpoint in a store)."""
     server = cluster.server
     pinned = {r: s for r, s in (await cluster.pinned()).items() if s}
+    fleet = await server.controller.fleet_view()
     if kind == "router":
         held = await RouterClient(server.router).session_count(retry=False)
         if isinstance(held, ActorError) or held == 0:
@@ -107,21 +112,25 @@ async def inject(cluster: Cluster, kind: str, rng: random.Random, admin) -> Hit 
     if kind == "store":
         held = {}
         for replica_id in pinned:
-            if (store := server.stores.get(replica_id)) is not None:
+            if (store := fleet.stores.get(replica_id)) is not None:
                 held[replica_id] = (await CheckpointStoreClient(store).stats())[0]
         held = {r: n for r, n in held.items() if n}
         if not held:
             return None
         victim = rng.choice(sorted(held))
-        store = server.stores[victim]
+        store = fleet.stores[victim]
         await sigkill(store)
-        while server.stores.get(victim) is store and victim in server.replicas:
-            await asyncio.sleep(0.2)  # healed: serve's keeper started a new store for it
+        while (now := await server.controller.fleet_view()).replicas.get(victim) is not None:
+            if getattr(now.stores.get(victim), "_actor_id", None) != store._actor_id:
+                break  # healed: the controller's keeper started a new store for it
+            await asyncio.sleep(0.2)
         return Hit(f"{victim}'s store", held[victim], "checkpoints")
     if not pinned or (kind == "migration" and len(cluster.healthy()) < 2):
         return None
     victim = rng.choice(sorted(pinned))
-    handle, sessions = server.replicas[victim], len(pinned[victim])
+    handle, sessions = fleet.replicas.get(victim), len(pinned[victim])
+    if handle is None:
+        return None  # the controller has just replaced it
     if kind == "replica":
         await sigkill(handle)
     elif kind == "stop":
@@ -132,7 +141,7 @@ async def inject(cluster: Cluster, kind: str, rng: random.Random, admin) -> Hit 
         moving = asyncio.create_task(admin.migrate(session_id, target))
         await asyncio.sleep(rng.uniform(0, 0.05))
         mid_way = not moving.done()
-        await sigkill(server.replicas[target])
+        await sigkill(fleet.replicas[target])
         code = await moving
         return Hit(target, int(mid_way), f"session moving in from {victim} ({code})")
     elif kind == "drain":
@@ -162,12 +171,13 @@ async def stop_until_fenced(cluster: Cluster, victim: str, handle) -> None:
 
 
 def waiting_on(cluster: Cluster) -> str:
-    """What a heal is waiting for: the router's view, serve's replicas, Ray's free CPU."""
-    server = cluster.server
+    """What a heal is waiting for: the router's view, the controller's replicas, Ray's free
+    CPU."""
+    fleet = cluster.fleet()
     views = ", ".join(f"{v.replica_id} {v.health.name}" for v in cluster.views())
     return (
-        f"not healed yet: router lists {views or 'nothing'}; serve has {sorted(server.replicas)}"
-        f" (starting {sorted(server.starting)}); Ray has CPU "
+        f"not healed yet: router lists {views or 'nothing'}; the controller has "
+        f"{sorted(fleet.replicas)} (starting {sorted(fleet.starting)}); Ray has CPU "
         f"{ray.available_resources().get('CPU', 0.0):g} free"
     )
 

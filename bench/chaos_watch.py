@@ -22,8 +22,9 @@ async def held_by(cluster: Cluster) -> tuple[dict[str, set[str]], dict[str, int]
     """Each healthy replica's sessions, and how many of them are unprotected (no checkpoint);
     a replica that does not answer at once is left out."""
     server, held, unprotected = cluster.server, {}, {}
+    replicas = (await server.controller.fleet_view()).replicas
     for replica_id in await asyncio.to_thread(cluster.healthy):
-        handle = server.replicas.get(replica_id)
+        handle = replicas.get(replica_id)
         if handle is None:
             continue
         replica = ReplicaClient(handle)
