@@ -223,11 +223,6 @@ class ReplicaConfig:
         """What ``--model`` (or its alias ``--model-path``) names."""
         return self.model_path or self.model
 
-    def with_env_failpoints(self) -> ReplicaConfig:
-        """This config with the failpoints the environment switches on added
-        (``replica.failpoints.ENV_VAR``): how the serve process hands its own to its replicas."""
-        return dataclasses.replace(self, failpoints=self.failpoints | failpoints.from_env())
-
     @property
     def weights_dtype(self) -> torch.dtype | None:
         """``dtype`` as a torch dtype; None for auto (the loader decides, see ``dtype``)."""

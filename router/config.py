@@ -27,6 +27,11 @@ class RouterConfig:
     stale_after_s: float = setting(
         5.0, "a replica whose latest snapshot is older than this is probed, then declared dead"
     )
+    failover_wait_s: float = setting(
+        120.0,
+        "a dead replica's sessions wait this long for room on live replicas (the replacement "
+        "joins empty), then those without room end ABORTED",
+    )
     health_interval_s: float = setting(1.0, cli=False)
     dead_replica_retention_s: float = setting(
         300.0, "a dead replica stays listed (DEAD, replica_up 0) this long, then leaves /metrics"
@@ -46,6 +51,8 @@ class RouterConfig:
     def __post_init__(self) -> None:
         if self.open_timeout_s < 0:
             raise ValueError("--open-timeout-s must be >= 0")
+        if self.failover_wait_s < 0:
+            raise ValueError("--failover-wait-s must be >= 0")
         if self.stale_after_s <= 0 or self.health_interval_s <= 0:
             raise ValueError("--stale-after-s must be positive")
         if self.dead_replica_retention_s < 0:

@@ -112,9 +112,7 @@ def checkpoint(tmp_path_factory):
 def serve_args(address: str, model: str) -> list[str]:
     return ["--address", address, "--namespace", NAMESPACE, "--model", model,
             "--replicas", "1", "--max-sessions", "4", "--kv-tokens", "1024",
-            "--max-context", "256",
-            # a failover waits this long for room: a replacement replica on a busy machine
-            "--open-timeout-s", "120"]  # fmt: skip
+            "--max-context", "256"]  # fmt: skip
 
 
 def run_script(head, script: str, *args: str):

@@ -63,7 +63,17 @@ def test_a_replica_is_added_under_session_pressure_and_a_light_one_drained_away(
             0.2,
             "a replica added under session pressure",
         )[0]
-        samples = metrics(server)
+        # serve copies the controller's figures to /metrics about every second
+        samples = wait_for(
+            lambda: (
+                (s := metrics(server))
+                and select(s, "session_router_scaling_steps_total", direction="up")
+                and s
+            ),
+            5,
+            0.2,
+            "the step up on /metrics",
+        )
         assert select(samples, "session_router_scaling_steps_total", direction="up") == [1.0]
         assert select(samples, "session_router_replicas_desired") == [2.0]
 
@@ -95,6 +105,7 @@ def test_a_replica_is_added_under_session_pressure_and_a_light_one_drained_away(
             lambda: (
                 (s := metrics(server))
                 and not select(s, "session_router_replica_up", replica=first)
+                and select(s, "session_router_scaling_steps_total", direction="down")
                 and s
             ),
             10,

@@ -32,10 +32,15 @@ log = logging.getLogger(__name__)
 
 
 class Controller:
-    def __init__(self, config: ServeConfig, router: Any) -> None:
-        """``config``: the deployment's settings, failpoints of the deploying environment
-        included (this actor's environment is not the operator's)."""
+    def __init__(
+        self, config: ServeConfig, router: Any, failpoints: frozenset[str] = frozenset()
+    ) -> None:
+        """``config``: the deployment's settings; ``failpoints``: those of the deploying
+        environment (this actor's is not the operator's), switched on in the replicas this start
+        brings up, never in later replacements (a replica a failpoint kills is replaced by a
+        healthy one, not by another that dies the same way)."""
         self.config = config
+        self._start_failpoints = failpoints
         self.fleet = Fleet(config, router)
         router_client = RouterClient(router)
         checkpoints = config.replica.session_checkpoints
@@ -71,7 +76,7 @@ class Controller:
                 log.warning("took over %d replica(s) with their sessions", known)
             missing = self.supervisor.target - known
             if missing > 0:
-                await self.fleet.start(missing)
+                await self.fleet.start(missing, failpoints=self._start_failpoints)
         except (ReplicaStartError, ValueError) as exc:
             error = exc
         self.supervisor.start()
@@ -79,11 +84,13 @@ class Controller:
             self.autoscaler.start()
         return error
 
-    async def attach(self, config: ServeConfig) -> Exception | None:
+    async def attach(
+        self, config: ServeConfig, failpoints: frozenset[str] = frozenset()
+    ) -> Exception | None:
         """A ``serve`` with ``config`` joins this deployment: None once the deployment serves
         it (the router knows every replica named in the namespace: a restarted router would
         answer NOT_FOUND for the sessions of one it has not heard from yet; more replicas
-        started when it asks for more; a failure removes only those), else
+        started when it asks for more, with ``failpoints``; a failure removes only those), else
         the error to end it with (``ValueError``: another model or other pool sizes;
         ``ReplicaStartError``: a replica it asked for did not start)."""
         error = await asyncio.shield(self._began)

@@ -16,10 +16,10 @@ class ControllerClient:
     def __init__(self, handle: Any) -> None:
         self.handle = handle
 
-    async def attach(self, config: ServeConfig) -> None:
+    async def attach(self, config: ServeConfig, failpoints: frozenset[str] = frozenset()) -> None:
         """Raises ``ValueError`` (the deployment serves another model or other pool sizes) or
         ``ReplicaStartError`` (a replica ``config`` asks for did not start)."""
-        error = await self.handle.attach.remote(config)
+        error = await self.handle.attach.remote(config, failpoints)
         if error is not None:
             raise error
 

@@ -63,7 +63,7 @@ class SessionRouter:
             self.migrator,
             self.opener.wait_for_room,
             self._declare_dead,
-            config.open_timeout_s,
+            config.failover_wait_s,
             config.checkpoint_dir,
         )
         self.drainer = Drainer(

@@ -20,13 +20,13 @@ with ``--tls-cert`` gRPC serves TLS only.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from replica import failpoints
 from router.config import ServeConfig
 from router.control.api import CONTROLLER_NAME, ROUTER_NAME
 from router.control.controller import Controller
@@ -147,13 +147,14 @@ class Server:
         self.responses = self._detached(ResponseStore, RESPONSES_NAME, max_restarts=-1).remote(
             cfg.gateway.max_stored_responses, cfg.gateway.response_ttl_s
         )
-        # the failpoints of this environment go to the replicas: the controller's is not ours
-        deployed = dataclasses.replace(cfg, replica=cfg.replica.with_env_failpoints())
+        # the failpoints of this environment go to the replicas this start brings up: the
+        # controller's environment is not ours
+        env_failpoints = failpoints.from_env()
         handle = self._detached(Controller, CONTROLLER_NAME, max_restarts=-1).remote(
-            deployed, self.router
+            cfg, self.router, env_failpoints
         )
         self.controller = ControllerClient(handle)
-        await self.controller.attach(cfg)
+        await self.controller.attach(cfg, env_failpoints)
         if self.attached:
             view = await self.controller.fleet_view()
             log.warning("the deployment has %d replica(s) with their sessions", len(view.replicas))
