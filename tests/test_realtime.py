@@ -24,7 +24,7 @@ from websockets.sync.client import connect as ws_connect
 
 from router.http.realtime_outbox import MAX_OUTBOX_BYTES
 from router.http.websocket_protocol import MAX_UNREAD_MESSAGES
-from tests.support.chat_peer import prompt_ids, save_long_reply_peer
+from tests.support.chat_peer import long_reply_peer, prompt_ids
 from tests.support.cluster import ServerThread, wait_for
 from tests.support.hf_peer import hf_greedy
 from tests.support.realtime_turns import (
@@ -47,9 +47,7 @@ def peer(tmp_path_factory):
     """``chat_peer``'s checkpoint with its EOS row zeroed: greedy replies never pick the EOS
     (its logit is 0, below the best of the others), so every response runs to its length and a
     long one can be cancelled part-way; the EOS stays the configured one."""
-    path = tmp_path_factory.mktemp("chat-peer")
-    hf, tok = save_long_reply_peer(path)
-    return str(path), hf, tok
+    return long_reply_peer(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

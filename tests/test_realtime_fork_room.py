@@ -14,16 +14,14 @@ import openai
 import pytest
 import ray
 
-from tests.support.chat_peer import prompt_ids, save_long_reply_peer
+from tests.support.chat_peer import long_reply_peer, prompt_ids
 from tests.support.cluster import ServerThread, wait_for
 from tests.support.realtime_turns import NEW, ask, continued, deltas, reference, until_done
 
 
 @pytest.fixture(scope="module")
 def peer(tmp_path_factory):
-    path = tmp_path_factory.mktemp("chat-peer")
-    hf, tok = save_long_reply_peer(path)
-    return str(path), hf, tok
+    return long_reply_peer(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

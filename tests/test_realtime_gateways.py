@@ -16,7 +16,7 @@ from websockets.sync.client import connect as ws_connect
 
 from bench.harness.gateway_process import GatewayProcess
 from router.gateway.stream_leases import LEASE_S
-from tests.support.chat_peer import prompt_ids, save_long_reply_peer
+from tests.support.chat_peer import long_reply_peer, prompt_ids
 from tests.support.cluster import wait_for
 from tests.support.realtime_turns import ask, continued, deltas, reference, user
 from tests.support.servers import serve_cluster
@@ -27,9 +27,7 @@ PING_S = 5  # the second gateway's keepalive: it pings every 5 s, and drops afte
 
 @pytest.fixture(scope="module")
 def peer(tmp_path_factory):
-    path = tmp_path_factory.mktemp("chat-peer")
-    hf, tok = save_long_reply_peer(path)
-    return str(path), hf, tok
+    return long_reply_peer(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -60,3 +60,11 @@ def save_long_reply_peer(path: Path, seed: int = 5):
     hf.save_pretrained(str(path))
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
     return hf, tok
+
+
+def long_reply_peer(tmp_path_factory) -> tuple[str, object, object]:
+    """A module's ``save_long_reply_peer`` checkpoint: (its directory, the transformers model,
+    its tokenizer)."""
+    path = tmp_path_factory.mktemp("chat-peer")
+    hf, tok = save_long_reply_peer(path)
+    return str(path), hf, tok
