@@ -34,6 +34,7 @@ from bench.serve_crash import (
     user_env,
     wait_for,
 )
+from tests.support.serve_process import session_pids
 
 SESSIONS, NAMESPACE = 8, "head-restart-bench"
 READY = re.compile(r"^session-router: gRPC listening on (127\.0\.0\.1:\d+)$", re.M)
@@ -51,17 +52,8 @@ def serve(address: str, log: Path, env: dict[str, str]) -> tuple[object, str]:
 def gone(pid: int, timeout: float = 30.0) -> None:
     """Wait until no process of session ``pid`` is left (the old GCS holds the port)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not any(e.isdigit() and _sid(int(e)) == pid for e in os.listdir("/proc")):
-            return
+    while session_pids(pid) and time.monotonic() < deadline:
         time.sleep(0.2)
-
-
-def _sid(pid: int) -> int | None:
-    try:
-        return os.getsid(pid)
-    except (ProcessLookupError, PermissionError):
-        return None
 
 
 def main() -> None:

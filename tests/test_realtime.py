@@ -33,6 +33,7 @@ from tests.support.realtime_turns import (
     continued,
     deltas,
     reference,
+    replies_of_new_tokens,
     until_done,
     until_done_async,
     user,
@@ -200,9 +201,7 @@ def test_barge_in_with_a_new_response(client, model, peer, long_prompt):
 def test_deleting_the_last_exchange_rolls_back_exactly(client, model, peer):
     tok = peer[2]
     with client.realtime.connect(model=model) as conn:
-        conn.recv()
-        conn.session.update(session={"type": "realtime", "max_output_tokens": NEW})
-        conn.recv()
+        replies_of_new_tokens(conn)
         first = [{"role": "user", "content": "hello there"}]
         ids1 = prompt_ids(tok, first)
         out1, text1 = reference(peer, ids1)

@@ -16,7 +16,14 @@ import ray
 
 from tests.support.chat_peer import long_reply_peer, prompt_ids
 from tests.support.cluster import ServerThread, wait_for
-from tests.support.realtime_turns import NEW, ask, continued, deltas, reference, until_done
+from tests.support.realtime_turns import (
+    ask,
+    continued,
+    deltas,
+    reference,
+    replies_of_new_tokens,
+    until_done,
+)
 
 
 @pytest.fixture(scope="module")
@@ -55,9 +62,7 @@ def test_a_lone_connection_at_capacity_keeps_its_rollback_point(served, client, 
     tok = peer[2]
     model = client.models.list().data[0].id
     with client.realtime.connect(model=model) as conn:
-        conn.recv()
-        conn.session.update(session={"type": "realtime", "max_output_tokens": NEW})
-        conn.recv()
+        replies_of_new_tokens(conn)
         first = [{"role": "user", "content": "hello there"}]
         ids1 = prompt_ids(tok, first)
         out1, text1 = reference(peer, ids1)

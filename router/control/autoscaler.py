@@ -28,20 +28,15 @@ and ``session_router_free_session_room`` show what the autoscaler goes by).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable
 
-import ray
-
-from replica.actor.client import ReplicaClient
 from replica.api import ActorError
 from router.config import ScalingConfig
 from router.control.api import Drained, ReplicaView, ScalingReport
 from router.control.client import RouterClient
-from router.control.fleet import Fleet
+from router.control.fleet import Fleet, stop_replica
 from router.control.periodic import Periodic
 from router.control.placement import is_healthy, session_room
 from router.control.supervisor import ReplicaSupervisor
@@ -142,22 +137,9 @@ class Autoscaler:
         reason = "light_load" if moved else "idle"
         why = f"{replica_id}'s {moved} sessions fitted in the others' free session room {others}"
         self._scaled("down", reason, why, len(self.fleet.replicas))
-        await stop_replica(handle, store)
+        await stop_replica(handle, store, STOP_TIMEOUT_S)
 
 
 def _held(view: ReplicaView) -> int:
     """The sessions a replica holds, as far as the router knows."""
     return max(view.sessions_pinned, view.snapshot.open_sessions if view.snapshot else 0)
-
-
-async def stop_replica(handle: Any, store: Any = None) -> None:
-    """Shut a replica down (it releases what it still holds) and end its actor and its
-    checkpoint store."""
-    call: Awaitable = ReplicaClient(handle).shutdown()
-    try:
-        await asyncio.wait_for(call, timeout=STOP_TIMEOUT_S)
-    except Exception as exc:  # noqa: BLE001 - it is going either way
-        log.info("shutdown of a removed replica: %s", exc)
-    for actor in (handle, store):
-        if actor is not None:
-            ray.kill(actor, no_restart=True)

@@ -48,7 +48,6 @@ class Controller:
         self.supervisor = ReplicaSupervisor(
             self.fleet, lambda: router_client.views(retry=False), config.replicas, stores=keeper
         )
-        self.keeper = keeper
         self.autoscaler = (
             Autoscaler(
                 config.scaling,
@@ -127,7 +126,7 @@ class Controller:
             starting=frozenset(fleet.starting),
             target=self.supervisor.target,
             replicas_replaced=self.supervisor.replaced,
-            stores_replaced=self.keeper.replaced if self.keeper is not None else 0,
+            stores_replaced=keeper.replaced if (keeper := self.supervisor.stores) else 0,
         )
 
     async def scaling(self) -> ScalingReport:

@@ -144,22 +144,31 @@ class Fleet:
         replica, past a pod's grace period with a few hung ones), then end every replica and
         store actor. Returns how many sessions they released (a replica that is dead or does
         not answer in time counts 0)."""
-
-        async def stop_one(handle) -> int:
-            try:
-                return await asyncio.wait_for(
-                    ReplicaClient(handle).shutdown(), REPLICA_SHUTDOWN_TIMEOUT_S
-                )
-            except Exception as exc:  # noqa: BLE001 - a dead replica has nothing to release
-                log.warning("replica shutdown failed: %s", exc)
-                return 0
-
-        released = sum(await asyncio.gather(*(stop_one(h) for h in self.replicas.values())))
-        for handle in [*self.replicas.values(), *self.stores.values()]:
-            kill(handle)
+        pairs = [(h, self.stores.get(r)) for r, h in self.replicas.items()]
+        orphans = [s for r, s in self.stores.items() if r not in self.replicas]
+        released = sum(await asyncio.gather(*(stop_replica(h, s) for h, s in pairs)))
+        for store in orphans:
+            kill(store)
         self.replicas.clear()
         self.stores.clear()
         return released
+
+
+async def stop_replica(
+    handle: Any, store: Any = None, timeout_s: float = REPLICA_SHUTDOWN_TIMEOUT_S
+) -> int:
+    """Shut a replica down (it releases what it still holds, within ``timeout_s``) and end its
+    actor and its checkpoint store; returns the sessions it released (0: dead, or no answer in
+    time)."""
+    try:
+        released = await asyncio.wait_for(ReplicaClient(handle).shutdown(), timeout_s)
+    except Exception as exc:  # noqa: BLE001 - a dead replica has nothing to release
+        log.warning("replica shutdown failed: %s", exc)
+        released = 0
+    for actor in (handle, store):
+        if actor is not None:
+            kill(actor)
+    return released
 
 
 def replica_threads(config: ServeConfig) -> int:

@@ -107,13 +107,15 @@ class ServerThread:
     # ----- views of the replicas, through their actors ----------------------------------------
 
     def sessions_on(self, replica_ids: Iterable[str] | None = None) -> dict[str, set[str]]:
-        ids = list(self.replicas if replica_ids is None else replica_ids)
-        lists = ray.get([self.replicas[r].list_sessions.remote() for r in ids], timeout=60)
+        replicas = self.replicas  # one look-up: each is a call to the controller
+        ids = list(replicas if replica_ids is None else replica_ids)
+        lists = ray.get([replicas[r].list_sessions.remote() for r in ids], timeout=60)
         return {r: set(s) for r, s in zip(ids, lists)}
 
     def snapshots(self, replica_ids: Iterable[str] | None = None) -> dict[str, PoolSnapshot]:
-        ids = list(self.replicas if replica_ids is None else replica_ids)
-        snaps = ray.get([self.replicas[r].snapshot.remote(True) for r in ids], timeout=60)
+        replicas = self.replicas
+        ids = list(replicas if replica_ids is None else replica_ids)
+        snaps = ray.get([replicas[r].snapshot.remote(True) for r in ids], timeout=60)
         for r, snap in zip(ids, snaps):
             assert isinstance(snap, PoolSnapshot), f"{r}: {snap}"
         return dict(zip(ids, snaps))
@@ -124,8 +126,9 @@ class ServerThread:
         """leaked == 0 on every pool (exact snapshots and the replicas' own invariant check);
         with ``at_capacity``, also no session open and every pool free but for what cached
         states hold (the replica evicts them for any session that needs the room)."""
-        ids = list(self.replicas if replica_ids is None else replica_ids)
-        checked = ray.get([self.replicas[r].check_invariant.remote() for r in ids], timeout=60)
+        replicas = self.replicas
+        ids = list(replicas if replica_ids is None else replica_ids)
+        checked = ray.get([replicas[r].check_invariant.remote() for r in ids], timeout=60)
         for r, snap in zip(ids, checked):
             assert isinstance(snap, PoolSnapshot), f"{r}: invariant check failed: {snap}"
         for r, snap in self.snapshots(ids).items():

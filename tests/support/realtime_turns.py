@@ -29,6 +29,14 @@ def continued(peer, state: list[int], messages: list[dict[str, str]]) -> list[in
     return tok.encode(text[len(prior) :], add_special_tokens=False)
 
 
+def replies_of_new_tokens(conn) -> None:
+    """Take ``session.created``, and have the session's replies end at ``NEW`` tokens (its
+    ``session.updated`` taken too)."""
+    conn.recv()
+    conn.session.update(session={"type": "realtime", "max_output_tokens": NEW})
+    conn.recv()
+
+
 def user(text: str) -> dict:
     return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
 
