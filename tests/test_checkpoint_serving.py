@@ -21,6 +21,7 @@ import ray
 from protos import session_router_pb2 as pb
 from replica.api import ActorError, SamplingParams, StatusCode
 from replica.model import HFTokenizer, Tokenizer, load_model
+from replica.model.tokenizer import LONG_TEXT_CHARS
 from tests.support.bpe_peer import (
     CORPUS,
     first_new_at,
@@ -125,6 +126,8 @@ def test_a_long_text_is_tokenised_off_the_replicas_event_loop(served):
     health probes at once (the stale-replica check relies on them)."""
     server, tok = served.server, served.tok
     text = " ".join(CORPUS) * 1200  # about 3 MB: the gateway's limit is not in the way here
+    long_enough = text[: LONG_TEXT_CHARS + 100]  # encoded the GIL-free way, to the same ids
+    assert tok.encode(long_enough) == tok.backend.encode(long_enough, add_special_tokens=False).ids
     started = time.perf_counter()
     tok.encode(text)
     encode_s = time.perf_counter() - started

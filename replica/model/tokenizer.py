@@ -53,6 +53,9 @@ class ByteTokenizer:
         return self.backend.decode(list(ids), skip_special_tokens=True)
 
 
+LONG_TEXT_CHARS = 16_384  # beyond this, encoding takes milliseconds: let go of the GIL
+
+
 class HFTokenizer:
     """A ``tokenizers.Tokenizer`` loaded from ``tokenizer.json``."""
 
@@ -67,8 +70,14 @@ class HFTokenizer:
         self.eos_token_id = eos_token_id
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` without added special tokens (the engine adds what it needs)."""
-        return self._tok.encode(text, add_special_tokens=False).ids
+        """Token ids of ``text`` without added special tokens (the engine adds what it needs).
+
+        A long text goes through ``encode_batch``, which releases the GIL while it works
+        (``encode`` holds it: seconds for megabytes, in which no other thread of the process,
+        the actor's event loop included, runs); both give the same ids."""
+        if len(text) < LONG_TEXT_CHARS:
+            return self._tok.encode(text, add_special_tokens=False).ids
+        return self._tok.encode_batch([text], add_special_tokens=False)[0].ids
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)
