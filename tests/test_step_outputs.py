@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from replica.actor.gateway_outputs import GatewayOutputs
 from replica.api import FinishReason, SamplingParams, TurnEvent
+from replica.checkpoints.log import CheckpointBatch
 from replica.checkpoints.outbox import CheckpointOutbox
 from replica.engine.step_outputs import StepOutputs
 from router.gateway.delivery import hand_out
 from router.gateway.inbox import Inbox, pieces
-from tests.support.engine import close_and_check, make_engine
+from tests.support.engine import close_and_check, greedy, make_engine, run_turn
 
 
 def test_step_records_reach_each_gateways_sessions_as_the_engine_made_them():
@@ -79,3 +82,46 @@ def test_checkpoint_holds_keep_back_the_rows_of_held_sessions_only():
         ("held", 1, True),
         ("held", 2, False),
     ]
+
+
+def test_a_turn_end_goes_on_once_the_store_has_its_checkpoint_not_at_its_ack():
+    """The store pulls with a backpressure of one item, so the stream is resumed past an item
+    only once the store has it: the turn's end held for that checkpoint goes on then, with no
+    acknowledgement (those carry the store's counts). A store that writes to disk first
+    confirms by acknowledgement instead, and the end waits for it."""
+    engine = make_engine()
+    engine.open_session("s")
+    run_turn(engine, "s", [5, 6, 7], greedy(3))
+    record = engine.transfer.export([engine.sessions.get("s")])
+    end = TurnEvent("s", 1, (9,), "e", FinishReason.STOP, 7, gateway_id="g")
+
+    async def pull(confirm_on_ack: bool) -> list[list]:
+        sent: list = []
+        outbox = CheckpointOutbox(sent.extend, capacity=4)
+        stream = outbox.stream(confirm_on_ack)
+        first = asyncio.ensure_future(stream.__anext__())
+        await asyncio.sleep(0)  # the store's call has started: it follows
+        outbox.push(CheckpointBatch(saved=[record]))
+        outbox.dispatch([StepOutputs([end])])
+        assert await first == [record] and sent == []  # yielded, not yet taken: held
+        after = [sent[:]]
+        resumed = asyncio.ensure_future(stream.__anext__())  # the store took it
+        await asyncio.sleep(0)
+        after.append(sent[:])
+        outbox.acked(1, 1, record.nbytes)
+        after.append(sent[:])
+        assert outbox.pool_stats().session_held == 1 and outbox.pool_stats().free == 3
+        outbox.disconnect("the test ends")
+        with pytest.raises(StopAsyncIteration):  # the stream ends with its store
+            await resumed
+        return after
+
+    async def both():
+        return await pull(False), await pull(True)
+
+    received, confirmed = asyncio.run(both())
+    ends = [[e.session_id for out in step for e in out] for step in received]
+    assert ends == [[], ["s"], ["s"]]  # on at the store's pull, before any acknowledgement
+    ends = [[e.session_id for out in step for e in out] for step in confirmed]
+    assert ends == [[], [], ["s"]]  # on at the acknowledgement
+    close_and_check(engine)

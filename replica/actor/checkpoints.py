@@ -4,11 +4,12 @@ With ``--session-checkpoints`` it owns the replica's ``CheckpointOutbox``, built
 dispatch the engine's events go on to (turn endings wait there for their checkpoints), and
 connects it to the engine's checkpoint accounting.
 
-- ``stream(store)``: the long-lived streaming call through which this replica's
-  ``CheckpointStore`` (``store``, remembered for re-registration with a restarted router) pulls
-  its checkpoints; the store owns every item. A new store's call replaces the one before, and
-  every session the replica holds is checkpointed again at once (``recheckpointed_total``).
-- ``acked(seq, held, held_bytes)``: the store holds every item up to ``seq``.
+- ``stream(store, confirm_on_ack)``: the long-lived streaming call through which this
+  replica's ``CheckpointStore`` (``store``, remembered for re-registration with a restarted
+  router) pulls its checkpoints; the store owns every item, and has it when the next can go.
+  A new store's call replaces the one before, and every session the replica holds is
+  checkpointed again at once (``recheckpointed_total``).
+- ``acked(seq, held, held_bytes)``: the store's counts after every entry up to ``seq``.
 
 The store's watch (``start``), on the actor's event loop: every ``WATCH_INTERVAL_S`` it releases
 turn endings held past their bound, and ends the stream of a store that died (a probe fails with
@@ -90,12 +91,14 @@ class CheckpointCalls:
         if self.outbox is not None:
             await self.outbox.durable(session_ids)
 
-    async def stream(self, store: Any) -> AsyncIterator[SessionStates | CheckpointDrop]:
+    async def stream(
+        self, store: Any, confirm_on_ack: bool
+    ) -> AsyncIterator[list[SessionStates | CheckpointDrop]]:
         await self.host.start()
         if self.outbox is None:
             return
         self.store = store
-        async for item in self.outbox.stream():
+        async for item in self.outbox.stream(confirm_on_ack):
             yield item
 
     def acked(self, seq: int, held: int, held_bytes: int) -> None:

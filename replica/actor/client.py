@@ -177,9 +177,12 @@ class ReplicaClient:
 
     # ----- checkpoints --------------------------------------------------------------------
 
-    def checkpoint_stream(self, *, store: Any) -> ObjectRefGenerator:
-        """The long-lived stream the checkpoint store ``store`` (its handle) pulls from."""
-        return self.handle.checkpoint_stream.remote(store)
+    def checkpoint_stream(self, *, store: Any, confirm_on_ack: bool) -> ObjectRefGenerator:
+        """The long-lived stream the checkpoint store ``store`` (its handle) pulls from, with a
+        backpressure of one item: the replica learns that the store has an item when its next
+        one can go (``CheckpointOutbox.stream``)."""
+        call = self.handle.checkpoint_stream.options(_generator_backpressure_num_objects=1)
+        return call.remote(store, confirm_on_ack)
 
     async def checkpoints_acked(self, *, seq: int, held: int, held_bytes: int) -> None:
         await self.handle.checkpoints_acked.remote(seq, held, held_bytes)

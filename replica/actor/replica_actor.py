@@ -234,8 +234,8 @@ class ReplicaActor:
     async def import_sessions(self, parts: list) -> Imported | ActorError:
         return await self.moves.import_sessions(parts)
 
-    async def checkpoint_stream(self, store: Any):
-        async for item in self.checkpoints.stream(store):
+    async def checkpoint_stream(self, store: Any, confirm_on_ack: bool = False):
+        async for item in self.checkpoints.stream(store, confirm_on_ack):
             yield item
 
     async def checkpoints_acked(self, seq: int, held: int, held_bytes: int) -> None:

@@ -2,14 +2,17 @@
 turn endings that wait for them.
 
 The store pulls: it holds one long-lived streaming call, ``ReplicaActor.checkpoint_stream``,
-whose items are this outbox's, in order: a ``SessionStates`` record (one session's latest state)
-or a ``CheckpointDrop`` (sessions released: free their checkpoints). Each item is an object the
-*store* owns (Ray makes the caller of a streaming call the owner of its items), kept in the
-object store of this replica's node: the bytes are copied once, into the object store, and
-outlive this replica's process. The store acknowledges items by their sequence number
-(``acked``); the first item is 1.
+whose items are lists of this outbox's entries, in order: a ``SessionStates`` record (one
+session's latest state) or a ``CheckpointDrop`` (sessions released: free their checkpoints);
+entries are numbered from 1. Each item is an object the *store* owns (Ray makes the caller of a
+streaming call the owner of its items), so it outlives this replica's process. The call runs
+with a backpressure of one item: an item's ``yield`` returns once the store has taken it, which
+is when its entries count as stored (no message of their own); the store's acknowledgements
+(``acked``, by entry number, at most every ``ACK_INTERVAL_S``) carry its counts for the
+accounting. A store that writes checkpoints to disk first (``--checkpoint-dir``) confirms each
+item by acknowledgement instead.
 
-A turn's last event is held back until the checkpoint of that turn's end is acknowledged, for
+A turn's last event is held back until the checkpoint of that turn's end is stored, for
 at most ``TurnHolds.hold_s`` (``replica.checkpoints.holds``), so a client that saw a turn end
 will find its session at that turn's committed tokens after a failover; the session's later
 events queue behind it, in order, and every other session's events go out at once.
@@ -47,6 +50,7 @@ from replica.engine.step_outputs import StepOutputs
 log = logging.getLogger(__name__)
 
 STALL_S = 10.0  # a store that acknowledges nothing for this long is gone
+ACK_INTERVAL_S = 0.1  # a store's acknowledgements carry counts only: this often at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +132,7 @@ class CheckpointOutbox:
         self._sent_at[self._seq] = time.monotonic()
         self._expected_after[self._seq] = len(self._expected)
         self._unfreed_at[self._seq] = self._unfreed
-        self._queue.put_nowait(item)
+        self._queue.put_nowait((self._seq, item))
         return self._seq
 
     def dispatch(self, outputs: list[StepOutputs]) -> None:
@@ -162,16 +166,32 @@ class CheckpointOutbox:
 
     # ----- the store's side -------------------------------------------------------------------
 
-    async def stream(self) -> AsyncIterator[SessionStates | CheckpointDrop]:
+    async def stream(
+        self, confirm_on_ack: bool = False
+    ) -> AsyncIterator[list[SessionStates | CheckpointDrop]]:
         """The items, until this store is replaced or disconnected, for the one store that
-        follows this replica (a new one replaces the one before)."""
+        follows this replica (a new one replaces the one before). Each item is every entry
+        queued since the item before, in order (one while the store keeps up, several when it
+        lags). The store's call takes it with a backpressure of one item (``ReplicaClient.
+        checkpoint_stream``), so an item's ``yield`` returns once the store has it: its sessions
+        count as stored from then on, their held turn endings go on; with ``confirm_on_ack`` (a
+        store that writes each checkpoint to disk first) only at its acknowledgement."""
         if self._queue is not None:
             self.disconnect("another checkpoint store follows this replica")
         queue = self._queue = asyncio.Queue()
         self._connect(True)
         try:
-            while (item := await queue.get()) is not None:
-                yield item
+            ended = False
+            while not ended:
+                entries = [await queue.get()]
+                while not queue.empty():
+                    entries.append(queue.get_nowait())
+                if None in entries:
+                    ended, entries = True, entries[: entries.index(None)]
+                if entries:
+                    yield [item for _, item in entries]
+                    if not confirm_on_ack and self._queue is queue:
+                        self._stored(entries[-1][0])
         finally:
             if self._queue is queue:  # ended from the store's side
                 self._queue = None
@@ -208,7 +228,9 @@ class CheckpointOutbox:
         self.disconnect("the replica is dead")
 
     def acked(self, seq: int, store_held: int, store_bytes: int) -> None:
-        """The store holds every item up to ``seq``, and ``store_held`` checkpoints now."""
+        """The store has taken every item up to ``seq`` into its count, and holds
+        ``store_held`` checkpoints now (the accounting's figures; acknowledgements come at most
+        every ``ACK_INTERVAL_S``, or for each item when they confirm)."""
         if not self.connected:
             return  # a store that is no longer followed: its count is of another stream
         expected = self._expected_after.get(seq, len(self._expected))
@@ -219,6 +241,11 @@ class CheckpointOutbox:
         for done in [s for s in self._expected_after if s < seq]:
             del self._expected_after[done]
             self._unfreed_at.pop(done, None)
+        self._stored(seq)
+
+    def _stored(self, seq: int) -> None:
+        """The store has every item up to ``seq``: their sessions are protected, and their held
+        turn endings go on (idempotent)."""
         stored = [sid for sid, s in self._waiting.items() if s <= seq]
         for session_id in stored:
             del self._waiting[session_id]

@@ -1,23 +1,26 @@
 """``CheckpointStore``: the Ray actor that keeps one replica's session checkpoints alive after the
 replica's death.
 
-The serve process starts one per replica, on another node than the replica's when the cluster
+The controller starts one per replica, on another node than the replica's when the cluster
 has one, and tells it to ``follow`` the replica: the store then pulls the replica's checkpoints
-through one long-lived streaming call (``ReplicaActor.checkpoint_stream``). Ray makes the caller
-of a streaming call the owner of its items, so each checkpoint is an object the *store* owns:
-the replica's process can die and the object stays readable. On the replica's own node the
-store keeps the item as it is (no copy); on another node it copies it once into an object of its
-own, on its node, so that the replica's node can die too. It keeps the latest checkpoint of each
-session (its ``CheckpointChain``: a whole state, then the deltas of the turns after it, folded
-into one whole state every ``MAX_DELTAS`` deltas, in a thread, off the acknowledgements' way)
-until the replica says the session was released (``CheckpointDrop``), and
-acknowledges every item it has taken (``checkpoints_acked``: the replica's accounting compares
-its count with what the replica expects, and holds a turn's last event until its checkpoint is
-acknowledged). A replica that stops waiting for its acknowledgements (they stalled) ends the
-stream; the serve process's ``StoreKeeper`` then has it ``follow`` again, from nothing.
+through one long-lived streaming call (``ReplicaActor.checkpoint_stream``), each item a list of
+entries (``CheckpointOutbox``). Ray makes the caller of a streaming call the owner of its items,
+so each is the *store's*: the replica's process can die and the item stays readable. The call
+has a backpressure of one item, so the replica knows the store has an item when it may send the
+next: that is when the replica counts its checkpoints stored (no acknowledgement waits for it).
+On the replica's own node the store keeps the records it read; on another node it copies each
+once into an object of its own, on its node, so that the replica's node can die too. It keeps
+the latest checkpoint of each session (its ``CheckpointChain``: a whole state, then the deltas
+of the turns after it, folded into one whole state every ``MAX_DELTAS`` deltas, in a thread)
+until the replica says the session was released (``CheckpointDrop``), and acknowledges what it
+has taken (``checkpoints_acked``, at most every ``ACK_INTERVAL_S``: the replica's accounting
+compares its count with what the replica expects). A replica that stops hearing from it (it
+stalled) ends the stream; the controller's ``StoreKeeper`` then has it ``follow`` again, from
+nothing: the replica sends every session's checkpoint again.
 
 With a ``checkpoint_dir`` (``--checkpoint-dir``) each item is also written there
-(``CheckpointFiles``) before it is acknowledged, so a failover whose store died too reads it.
+(``CheckpointFiles``) before the replica counts it stored (it waits for the acknowledgement
+then), so a failover whose store died too reads it.
 
 When the replica dies the stream ends; ``checkpoints`` waits for that end (every item the
 replica yielded is in), folds each chain into one whole state and answers their refs for the
@@ -38,7 +41,7 @@ from replica.actor.client import ReplicaClient
 from replica.api import SessionMeta, SessionStates
 from replica.checkpoints.chain import MAX_DELTAS, BrokenChainError, CheckpointChain, fold
 from replica.checkpoints.files import CheckpointFiles
-from replica.checkpoints.outbox import CheckpointDrop
+from replica.checkpoints.outbox import ACK_INTERVAL_S, CheckpointDrop
 
 log = logging.getLogger(__name__)
 
@@ -80,20 +83,23 @@ class CheckpointStore:
         me = ray.get_runtime_context().current_actor
         self.saved.clear()
         self.items = self.acked = 0
+        confirm = self.files is not None  # on the volume before the replica counts it stored
         try:
-            async for ref in ReplicaClient(replica).checkpoint_stream(store=me):
-                item = await ref
-                self._seq = seq = max(self._seq + 1, time.time_ns())
-                if self.files is not None:  # on the volume before it is acknowledged
-                    await asyncio.to_thread(self._write, item, seq)
-                if isinstance(item, CheckpointDrop):
-                    for session_id in item.session_ids:
-                        self.saved.pop(session_id, None)
-                else:
-                    self._keep(item, ray.put(item) if copy_here else ref, seq)
-                self.items += 1  # only now: an acknowledgement counts what ``saved`` holds
-                del item
-                self._ack(replica)
+            stream = ReplicaClient(replica).checkpoint_stream(store=me, confirm_on_ack=confirm)
+            async for ref in stream:
+                entries = await ref
+                for item in entries:
+                    self._seq = seq = max(self._seq + 1, time.time_ns())
+                    if confirm:
+                        await asyncio.to_thread(self._write, item, seq)
+                    if isinstance(item, CheckpointDrop):
+                        for session_id in item.session_ids:
+                            self.saved.pop(session_id, None)
+                    else:
+                        self._keep(item, ray.put(item) if copy_here else item, seq)
+                    self.items += 1  # only now: an acknowledgement counts what ``saved`` holds
+                del entries, item
+                self._ack(replica, confirm)
         except Exception as exc:  # noqa: BLE001 - the replica died: keep what we have
             log.info("checkpoint stream of %s ended: %s", self.replica_id, exc)
         finally:
@@ -148,12 +154,15 @@ class CheckpointStore:
             except Exception:  # noqa: BLE001 - the chain stays as it was: base and deltas
                 log.exception("folding the checkpoint of %s", session_id)
 
-    def _ack(self, replica: Any) -> None:
-        """Acknowledge the items taken so far; one acknowledgement in flight at a time."""
+    def _ack(self, replica: Any, confirm: bool) -> None:
+        """Acknowledge the entries taken so far: one acknowledgement in flight at a time, and
+        unless they ``confirm`` (the replica then waits for them), one per ``ACK_INTERVAL_S``
+        at most (they carry counts only: the stream tells the replica what the store has)."""
         if self._acking is None or self._acking.done():
-            self._acking = asyncio.get_running_loop().create_task(self._send_acks(replica))
+            task = self._send_acks(replica, 0.0 if confirm else ACK_INTERVAL_S)
+            self._acking = asyncio.get_running_loop().create_task(task)
 
-    async def _send_acks(self, replica: Any) -> None:
+    async def _send_acks(self, replica: Any, interval_s: float) -> None:
         while self.acked < self.items:
             self.acked = self.items
             held_bytes = sum(chain.nbytes for chain in self.saved.values())
@@ -163,6 +172,8 @@ class CheckpointStore:
                 )
             except Exception:  # noqa: BLE001 - the replica died
                 return
+            if interval_s:
+                await asyncio.sleep(interval_s)
 
     async def checkpoints(
         self, session_ids: list[str], wait_s: float
@@ -180,8 +191,13 @@ class CheckpointStore:
         found = {sid: self.saved[sid] for sid in session_ids if sid in self.saved}
         for sid, chain in found.items():
             await self._fold(sid, chain)
-        return {sid: (chain.whole_meta, chain.refs[:1]) for sid, chain in found.items()}
+        return {sid: (chain.whole_meta, [as_ref(chain.refs[0])]) for sid, chain in found.items()}
 
     async def stats(self) -> tuple[int, int]:
         """Checkpoints held, and their bytes."""
         return len(self.saved), sum(chain.nbytes for chain in self.saved.values())
+
+
+def as_ref(part: Any) -> ray.ObjectRef:
+    """A reference to a kept part: the failover's target reads it from the object store."""
+    return part if isinstance(part, ray.ObjectRef) else ray.put(part)
