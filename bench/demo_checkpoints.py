@@ -6,7 +6,7 @@ seconds its processes spent per session while the sessions ran (from the demo's 
 to its result line: the cluster's start-up is left out), by process: the demo (its gateways and
 clients), the replicas, their checkpoint stores, the router and the rest of Ray. The ratios on ÷
 off are of each repetition's pair: sessions/s, and CPU per session off ÷ on (what the rate would
-be on a box the demo keeps busy; a box shared with other work moves the rate, not this).
+be on a box the demo keeps busy; other work on a shared box moves the rate more than this).
 
 Run: ``python -m bench.demo_checkpoints [--quick]``. Goal: sessions/s on ÷ off >= 0.9.
 """
