@@ -19,7 +19,8 @@ events queue behind it, in order, and every other session's events go out at onc
 
 One store follows at a time: a store that calls ``stream`` replaces the one before (whose stream
 ends) and starts over from nothing. A store that is gone never ends its stream itself (Ray keeps
-a streaming call running after its caller's death), so ``disconnect`` ends it: the replica's
+a streaming call running after its caller's death; one waiting on a dead store's backpressure
+stays suspended, holding only its last item), so ``disconnect`` ends it: the replica's
 watch calls it when the store died or acknowledged nothing for ``stall_s`` (a hung store's
 stream is ended only once it answers again, ``end_abandoned``). Without a connected
 store nothing is queued or held, and every open session is *unprotected*; ``protected`` names
