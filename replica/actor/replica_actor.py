@@ -234,7 +234,7 @@ class ReplicaActor:
     async def import_sessions(self, parts: list) -> Imported | ActorError:
         return await self.moves.import_sessions(parts)
 
-    async def checkpoint_stream(self, store: Any, confirm_on_ack: bool = False):
+    async def checkpoint_stream(self, store: Any, confirm_on_ack: bool):
         async for item in self.checkpoints.stream(store, confirm_on_ack):
             yield item
 

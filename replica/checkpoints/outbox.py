@@ -168,7 +168,7 @@ class CheckpointOutbox:
     # ----- the store's side -------------------------------------------------------------------
 
     async def stream(
-        self, confirm_on_ack: bool = False
+        self, confirm_on_ack: bool
     ) -> AsyncIterator[list[SessionStates | CheckpointDrop]]:
         """The items, until this store is replaced or disconnected, for the one store that
         follows this replica (a new one replaces the one before). Each item is every entry

@@ -98,8 +98,7 @@ class CheckpointStore:
                     else:
                         self._keep(item, ray.put(item) if copy_here else item, seq)
                     self.items += 1  # only now: an acknowledgement counts what ``saved`` holds
-                del entries, item
-                self._ack(replica, confirm)
+                self._ack(replica)
         except Exception as exc:  # noqa: BLE001 - the replica died: keep what we have
             log.info("checkpoint stream of %s ended: %s", self.replica_id, exc)
         finally:
@@ -154,12 +153,13 @@ class CheckpointStore:
             except Exception:  # noqa: BLE001 - the chain stays as it was: base and deltas
                 log.exception("folding the checkpoint of %s", session_id)
 
-    def _ack(self, replica: Any, confirm: bool) -> None:
+    def _ack(self, replica: Any) -> None:
         """Acknowledge the entries taken so far: one acknowledgement in flight at a time, and
-        unless they ``confirm`` (the replica then waits for them), one per ``ACK_INTERVAL_S``
-        at most (they carry counts only: the stream tells the replica what the store has)."""
+        unless they confirm what is on the volume (the replica then waits for them), one per
+        ``ACK_INTERVAL_S`` at most (they carry counts only: the stream tells the replica what
+        the store has)."""
         if self._acking is None or self._acking.done():
-            task = self._send_acks(replica, 0.0 if confirm else ACK_INTERVAL_S)
+            task = self._send_acks(replica, ACK_INTERVAL_S if self.files is None else 0.0)
             self._acking = asyncio.get_running_loop().create_task(task)
 
     async def _send_acks(self, replica: Any, interval_s: float) -> None:
