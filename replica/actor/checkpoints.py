@@ -13,15 +13,17 @@ connects it to the engine's checkpoint accounting.
 
 The store's watch (``start``), on the actor's event loop: every ``WATCH_INTERVAL_S`` it releases
 turn endings held past their bound, and ends the stream of a store that died (a probe fails with
-Ray's actor-died error) or acknowledged nothing for ``stall_s`` (a hung store's stream once it
-answers again); the serve process's ``StoreKeeper`` replaces a dead store with a new one, or has
-a live one whose stream ended follow again.
+Ray's actor-died error: every ``LIVE_PROBE_S`` while the store keeps up, every watch once an
+item waits longer than ``LATE_S``) or acknowledged nothing for ``stall_s`` (a hung store's
+stream once it answers again); the controller's ``StoreKeeper`` replaces a dead store with a new
+one, or has a live one whose stream ended follow again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +44,10 @@ log = logging.getLogger(__name__)
 
 WATCH_INTERVAL_S = 0.25
 PROBE_TIMEOUT_S = 2.0  # a store that answers no probe in this long is slow, not known dead
+# a store whose items are taken and acknowledged on time is probed this seldom (each probe is an
+# actor call on both sides); one that lets an item wait longer than ``LATE_S``, at every watch
+LIVE_PROBE_S = 2.0
+LATE_S = 1.0
 
 
 class CheckpointCalls:
@@ -120,6 +126,7 @@ class CheckpointCalls:
     async def _watch_store(self) -> None:
         outbox = self.outbox
         probe: asyncio.Task | None = None  # one probe at a time, beside the bounds' checks
+        probed_at = 0.0
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
             outbox.holds.release_overdue()
@@ -129,7 +136,10 @@ class CheckpointCalls:
             outbox.acks_late = late > outbox.holds.hold_s
             if late > outbox.stall_s:
                 outbox.disconnect(f"it acknowledged nothing for {late:.0f} s", end_stream=False)
-            elif probe is None or probe.done():
+            elif (probe is None or probe.done()) and (
+                late > LATE_S or time.monotonic() - probed_at > LIVE_PROBE_S
+            ):
+                probed_at = time.monotonic()
                 probe = asyncio.get_running_loop().create_task(self._probe_store())
 
     async def _probe_store(self) -> None:

@@ -51,7 +51,8 @@ from replica.engine.step_outputs import StepOutputs
 log = logging.getLogger(__name__)
 
 STALL_S = 10.0  # a store that acknowledges nothing for this long is gone
-ACK_INTERVAL_S = 0.1  # a store's acknowledgements carry counts only: this often at most
+# a store's acknowledgements carry counts only (the stream says what it has): this often at most
+ACK_INTERVAL_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
