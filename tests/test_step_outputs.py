@@ -7,13 +7,14 @@ its batch: ``tests/test_batch_sampling.py``.)"""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
 from replica.actor.gateway_outputs import GatewayOutputs
 from replica.api import FinishReason, SamplingParams, TurnEvent
 from replica.checkpoints.log import CheckpointBatch
-from replica.checkpoints.outbox import CheckpointOutbox
+from replica.checkpoints.outbox import DROP_DELAY_S, CheckpointDrop, CheckpointOutbox
 from replica.engine.step_outputs import StepOutputs
 from router.gateway.delivery import hand_out
 from router.gateway.inbox import Inbox, pieces
@@ -124,4 +125,42 @@ def test_a_turn_end_goes_on_once_the_store_has_its_checkpoint_not_at_its_ack():
     assert ends == [[], ["s"], ["s"]]  # on at the store's pull, before any acknowledgement
     ends = [[e.session_id for out in step for e in out] for step in confirmed]
     assert ends == [[], [], ["s"]]  # on at the acknowledgement
+    close_and_check(engine)
+
+
+def test_drops_travel_with_the_next_checkpoint_or_alone_after_their_delay():
+    """Nothing waits for a drop, so drops alone do not make a stream item: they go with the
+    next checkpoint, or alone once ``DROP_DELAY_S`` has passed; entries keep their order and
+    numbers, so each acknowledgement's accounting stays exact (0 leaked)."""
+    engine = make_engine()
+    for sid in ("a", "b"):
+        engine.open_session(sid)
+        run_turn(engine, sid, [5, 6, 7], greedy(2))
+    record_a, record_b = (engine.transfer.export([engine.sessions.get(s)]) for s in "ab")
+
+    async def pull() -> None:
+        outbox = CheckpointOutbox([].extend, capacity=4)
+        stream = outbox.stream(False)
+        first = asyncio.ensure_future(stream.__anext__())
+        await asyncio.sleep(0)
+        outbox.push(CheckpointBatch(saved=[record_a]))
+        assert await first == [record_a]
+        outbox.acked(1, 1, record_a.nbytes)
+        outbox.push(CheckpointBatch(dropped=["a"], released=["a"]))
+        second = asyncio.ensure_future(stream.__anext__())
+        await asyncio.sleep(DROP_DELAY_S / 2)
+        assert not second.done()  # the drop alone waits
+        outbox.push(CheckpointBatch(saved=[record_b]))
+        assert await second == [CheckpointDrop(("a",)), record_b]  # in order, one item
+        outbox.acked(3, 1, record_b.nbytes)  # the store holds b only
+        assert outbox.pool_stats().session_held == 1 and outbox.pool_stats().leaked == 0
+        outbox.push(CheckpointBatch(dropped=["b"], released=["b"]))
+        started = time.monotonic()
+        assert await stream.__anext__() == [CheckpointDrop(("b",))]  # alone, after its delay
+        assert time.monotonic() - started >= DROP_DELAY_S * 0.9
+        outbox.acked(4, 0, 0)
+        assert outbox.pool_stats().session_held == 0 and outbox.pool_stats().leaked == 0
+        outbox.disconnect("the test ends")
+
+    asyncio.run(pull())
     close_and_check(engine)

@@ -3,8 +3,9 @@ turn endings that wait for them.
 
 The store pulls: it holds one long-lived streaming call, ``ReplicaActor.checkpoint_stream``,
 whose items are lists of this outbox's entries, in order: a ``SessionStates`` record (one
-session's latest state) or a ``CheckpointDrop`` (sessions released: free their checkpoints);
-entries are numbered from 1. Each item is an object the *store* owns (Ray makes the caller of a
+session's latest state) or a ``CheckpointDrop`` (sessions released: free their checkpoints;
+drops alone wait up to ``DROP_DELAY_S`` for a record to travel with); entries are numbered
+from 1. Each item is an object the *store* owns (Ray makes the caller of a
 streaming call the owner of its items), so it outlives this replica's process. The call runs
 with a backpressure of one item: an item's ``yield`` returns once the store has taken it, which
 is when its entries count as stored (no message of their own); the store's acknowledgements
@@ -53,6 +54,9 @@ log = logging.getLogger(__name__)
 STALL_S = 10.0  # a store that acknowledges nothing for this long is gone
 # a store's acknowledgements carry counts only (the stream says what it has): this often at most
 ACK_INTERVAL_S = 0.5
+# drops wait this long at most for a checkpoint to travel with (nothing waits for a drop: a
+# stream item of its own for each would cost the store and the replica an item per session)
+DROP_DELAY_S = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,9 +189,7 @@ class CheckpointOutbox:
         try:
             ended = False
             while not ended:
-                entries = [await queue.get()]
-                while not queue.empty():
-                    entries.append(queue.get_nowait())
+                entries = await _next_entries(queue)
                 if None in entries:
                     ended, entries = True, entries[: entries.index(None)]
                 if entries:
@@ -318,3 +320,21 @@ class CheckpointOutbox:
         )
         totals = self.written_total, self.bytes_written_total, self._acked[2]
         return CheckpointStats(*totals, unprotected, self.recheckpointed_total, let_go)
+
+
+async def _next_entries(queue: asyncio.Queue) -> list:
+    """The entries of the next stream item: every one queued (waiting for one), except that
+    drops alone wait up to ``DROP_DELAY_S`` for a checkpoint or the stream's end (``None``).
+    Entries keep their order and numbers, so the accounting of each acknowledgement holds."""
+    entries = [await queue.get()]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + DROP_DELAY_S
+    while True:
+        while not queue.empty():
+            entries.append(queue.get_nowait())
+        if any(e is None or not isinstance(e[1], CheckpointDrop) for e in entries):
+            return entries
+        try:
+            entries.append(await asyncio.wait_for(queue.get(), deadline - loop.time()))
+        except asyncio.TimeoutError:
+            return entries
