@@ -14,7 +14,7 @@ import pytest
 from replica.actor.gateway_outputs import GatewayOutputs
 from replica.api import FinishReason, SamplingParams, TurnEvent
 from replica.checkpoints.log import CheckpointBatch
-from replica.checkpoints.outbox import DROP_DELAY_S, CheckpointDrop, CheckpointOutbox
+from replica.checkpoints.outbox import DROP_DELAY_S, STEP_WAIT_S, CheckpointDrop, CheckpointOutbox
 from replica.engine.step_outputs import StepOutputs
 from router.gateway.delivery import hand_out
 from router.gateway.inbox import Inbox, pieces
@@ -161,6 +161,52 @@ def test_drops_travel_with_the_next_checkpoint_or_alone_after_their_delay():
         outbox.acked(4, 0, 0)
         assert outbox.pool_stats().session_held == 0 and outbox.pool_stats().leaked == 0
         outbox.disconnect("the test ends")
+
+    asyncio.run(pull())
+    close_and_check(engine)
+
+
+def test_a_step_that_holds_a_turn_end_waits_whole_for_the_stores_take_and_no_longer():
+    """A step whose turn end waits for its checkpoint goes on whole, the end with the step's
+    other tokens, once the store takes the checkpoint: one dispatch, so one gateway item; if
+    the store has not taken it within ``STEP_WAIT_S``, the other sessions' tokens go on without
+    it and only the waiting session is held."""
+    engine = make_engine()
+    engine.open_session("s")
+    run_turn(engine, "s", [5, 6, 7], greedy(3))
+    record = engine.transfer.export([engine.sessions.get("s")])
+
+    def step() -> StepOutputs:
+        out = StepOutputs([TurnEvent("s", 1, (9,), "e", FinishReason.STOP, 7, gateway_id="g")])
+        out.add_rows(["other"], [4], ["g"], [65], ["A"])
+        return out
+
+    def seen(sent: list) -> list[list[str]]:  # each dispatch's sessions, in order
+        return [[e.session_id for out in outputs for e in out] for outputs in sent]
+
+    async def pull() -> None:
+        sent: list = []
+        outbox = CheckpointOutbox(lambda outputs: sent.append(list(outputs)), capacity=4)
+        stream = outbox.stream(False)
+        first = asyncio.ensure_future(stream.__anext__())
+        await asyncio.sleep(0)
+        outbox.push(CheckpointBatch(saved=[record]))
+        outbox.dispatch([step()])
+        assert await first == [record] and sent == []  # the whole step waits for the take
+        taken = asyncio.ensure_future(stream.__anext__())  # the store takes it
+        await asyncio.sleep(0)
+        assert seen(sent) == [["s", "other"]]  # one dispatch: the end with the other's token
+        outbox.push(CheckpointBatch(saved=[record]))  # the next turn's checkpoint
+        outbox.dispatch([step()])
+        assert await taken == [record] and len(sent) == 1
+        await asyncio.sleep(STEP_WAIT_S * 4)  # the store is slow to take it
+        assert seen(sent)[1:] == [["other"]]  # the other session is not held up
+        resumed = asyncio.ensure_future(stream.__anext__())
+        await asyncio.sleep(0)
+        assert seen(sent)[2:] == [["s"]]  # the held end, once the store has its checkpoint
+        outbox.disconnect("the test ends")
+        with pytest.raises(StopAsyncIteration):
+            await resumed
 
     asyncio.run(pull())
     close_and_check(engine)

@@ -57,6 +57,7 @@ ACK_INTERVAL_S = 0.5
 # drops wait this long at most for a checkpoint to travel with (nothing waits for a drop: a
 # stream item of its own for each would cost the store and the replica an item per session)
 DROP_DELAY_S = 0.25
+STEP_WAIT_S = 0.005  # the longest a step's outputs wait whole for the store's take
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +95,8 @@ class CheckpointOutbox:
         self._waiting: dict[str, int] = {}  # session id -> seq of its unacknowledged save
         self._chains: dict[str, int] = {}  # session id -> committed_len of its last record queued
         self._durable: list[tuple[set[str], asyncio.Future]] = []  # ``durable`` callers
+        self._deferred: list[StepOutputs] = []  # outputs waiting whole for the store's take
+        self._deferred_timer: asyncio.TimerHandle | None = None
         self._acked = (0, 0, 0)  # (store held, expected, store bytes) at the last ack
         self.written_total = 0
         self.bytes_written_total = 0
@@ -143,10 +146,44 @@ class CheckpointOutbox:
 
     def dispatch(self, outputs: list[StepOutputs]) -> None:
         """Send the engine's outputs on, except what belongs to sessions whose checkpoint is on
-        its way (held, in order: their events, then their token rows)."""
+        its way (held, in order: their events, then their token rows). A step whose outputs
+        hold a session back waits whole for the store's next take, ``STEP_WAIT_S`` at most, so
+        that the turn's end usually goes in the same gateway item as the step's other tokens;
+        outputs dispatched meanwhile join it."""
+        if self._deferred:
+            self._deferred.extend(outputs)
+            return
         if not self._waiting and not self.holds.holding():  # nothing to hold: all goes on
             self.send_events(outputs)
             return
+        if self._holds_back(outputs):
+            self._deferred = list(outputs)
+            loop = asyncio.get_running_loop()
+            self._deferred_timer = loop.call_later(STEP_WAIT_S, self._flush_deferred)
+            return
+        self._split(outputs)
+
+    def _holds_back(self, outputs: list[StepOutputs]) -> bool:
+        """Whether a session of ``outputs`` waits for a checkpoint that has not been sent yet
+        or is in flight (not one whose hold was given up)."""
+        waiting, given_up = self._waiting, self.holds.given_up
+        return any(
+            sid in waiting and sid not in given_up
+            for out in outputs
+            for sid in (*(e.session_id for e in out.events), *out.session_ids)
+        )
+
+    def _flush_deferred(self) -> None:
+        """The store took an item (or ``STEP_WAIT_S`` passed): the deferred outputs go on, but
+        for the sessions still waiting for their checkpoints (idempotent)."""
+        deferred, self._deferred = self._deferred, []
+        if self._deferred_timer is not None:
+            self._deferred_timer.cancel()
+            self._deferred_timer = None
+        if deferred:
+            self._split(deferred)
+
+    def _split(self, outputs: list[StepOutputs]) -> None:
         holding, waiting, given_up = self.holds.holding(), self._waiting, self.holds.given_up
         for out in outputs:
             now = []
@@ -256,6 +293,7 @@ class CheckpointOutbox:
             self.holds.stored(session_id)
         if stored:
             self.protected = self.protected.union(stored)
+        self._flush_deferred()
         for waiting, done in self._durable:
             waiting.difference_update(stored)
             if not waiting and not done.done():
@@ -290,6 +328,7 @@ class CheckpointOutbox:
         self._chains.clear()
         self._acked = (0, 0, 0)
         self.protected = frozenset()
+        self._flush_deferred()  # nothing waits now: all of it goes on
         self.holds.release_all()
         for _, done in self._durable:
             if not done.done():
