@@ -13,8 +13,9 @@ import pytest
 
 from replica.actor.gateway_outputs import GatewayOutputs
 from replica.api import FinishReason, SamplingParams, TurnEvent
+from replica.checkpoints.held_outputs import STEP_WAIT_S
 from replica.checkpoints.log import CheckpointBatch
-from replica.checkpoints.outbox import DROP_DELAY_S, STEP_WAIT_S, CheckpointDrop, CheckpointOutbox
+from replica.checkpoints.outbox import DROP_DELAY_S, CheckpointDrop, CheckpointOutbox
 from replica.engine.step_outputs import StepOutputs
 from router.gateway.delivery import hand_out
 from router.gateway.inbox import Inbox, pieces
@@ -70,7 +71,7 @@ def test_checkpoint_holds_keep_back_the_rows_of_held_sessions_only():
     sent: list[StepOutputs] = []
     outbox = CheckpointOutbox(sent.extend, capacity=4)
     end = TurnEvent("held", 1, (5,), "e", FinishReason.STOP, 3, gateway_id="g")
-    outbox.holds.hold(end)  # its turn's end waits for its checkpoint
+    outbox.outputs.holds.hold(end)  # its turn's end waits for its checkpoint
     step = StepOutputs()
     step.add_rows(["free", "held", "free2"], [7, 2, 8], ["g"] * 3, [65, 66, 67], ["A", "B", "C"])
     outbox.dispatch([step])
@@ -78,7 +79,7 @@ def test_checkpoint_holds_keep_back_the_rows_of_held_sessions_only():
         ("free", (65,), "A"),
         ("free2", (67,), "C"),
     ]
-    outbox.holds.release("held")  # its checkpoint is stored: what it held goes on, in order
+    outbox.outputs.holds.release("held")  # its checkpoint is stored: what it held goes on, in order
     assert [(e.session_id, e.turn_id, e.finished) for e in sent[1]] == [
         ("held", 1, True),
         ("held", 2, False),

@@ -129,11 +129,11 @@ class CheckpointCalls:
         probed_at = 0.0
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
-            outbox.holds.release_overdue()
+            outbox.outputs.holds.release_overdue()
             if not (outbox.connected or outbox.abandoned):
                 continue
             late = outbox.unacked_s()
-            outbox.acks_late = late > outbox.holds.hold_s
+            outbox.acks_late = late > outbox.outputs.holds.hold_s
             if late > outbox.stall_s:
                 outbox.disconnect(f"it acknowledged nothing for {late:.0f} s", end_stream=False)
             elif (probe is None or probe.done()) and (

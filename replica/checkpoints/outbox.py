@@ -14,9 +14,10 @@ accounting. A store that writes checkpoints to disk first (``--checkpoint-dir``)
 item by acknowledgement instead.
 
 A turn's last event is held back until the checkpoint of that turn's end is stored, for
-at most ``TurnHolds.hold_s`` (``replica.checkpoints.holds``), so a client that saw a turn end
+at most ``TurnHolds.hold_s`` (``outputs``, a ``HeldOutputs``), so a client that saw a turn end
 will find its session at that turn's committed tokens after a failover; the session's later
-events queue behind it, in order, and every other session's events go out at once.
+events queue behind it, in order, and every other session's events go on (a step that holds a
+turn end waits whole for the store's next take, a few milliseconds at most).
 
 One store follows at a time: a store that calls ``stream`` replaces the one before (whose stream
 ends) and starts over from nothing. A store that is gone never ends its stream itself (Ray keeps
@@ -45,7 +46,8 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 
 from replica.api import CHECKPOINT_POOL, CheckpointStats, PoolStats, SessionStates
-from replica.checkpoints.holds import HOLD_S, TurnHolds
+from replica.checkpoints.held_outputs import HeldOutputs
+from replica.checkpoints.holds import HOLD_S
 from replica.checkpoints.log import CheckpointBatch
 from replica.engine.step_outputs import StepOutputs
 
@@ -57,7 +59,6 @@ ACK_INTERVAL_S = 0.5
 # drops wait this long at most for a checkpoint to travel with (nothing waits for a drop: a
 # stream item of its own for each would cost the store and the replica an item per session)
 DROP_DELAY_S = 0.25
-STEP_WAIT_S = 0.005  # the longest a step's outputs wait whole for the store's take
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +81,7 @@ class CheckpointOutbox:
         self.on_connected = on_connected
         self.capacity = capacity
         self.stall_s = stall_s
-        self.holds = TurnHolds(lambda events: dispatch([StepOutputs(events)]), hold_s)
+        self.outputs = HeldOutputs(dispatch, hold_s)
         self.connected = False
         self.protected: frozenset[str] = frozenset()  # replaced whole: read by the engine thread
         self._queue: asyncio.Queue | None = None  # the connected store's stream
@@ -92,11 +93,8 @@ class CheckpointOutbox:
         self._expected_after: dict[int, int] = {}  # item seq -> len(expected) after it
         self._unfreed = 0  # sessions released without their checkpoint freed, so far
         self._unfreed_at: dict[int, int] = {}  # item seq -> ``_unfreed`` when it was queued
-        self._waiting: dict[str, int] = {}  # session id -> seq of its unacknowledged save
         self._chains: dict[str, int] = {}  # session id -> committed_len of its last record queued
         self._durable: list[tuple[set[str], asyncio.Future]] = []  # ``durable`` callers
-        self._deferred: list[StepOutputs] = []  # outputs waiting whole for the store's take
-        self._deferred_timer: asyncio.TimerHandle | None = None
         self._acked = (0, 0, 0)  # (store held, expected, store bytes) at the last ack
         self.written_total = 0
         self.bytes_written_total = 0
@@ -107,7 +105,7 @@ class CheckpointOutbox:
     def push(self, batch: CheckpointBatch) -> None:
         """Queue one engine step's checkpoints (before that step's events are dispatched)."""
         for session_id in batch.released:
-            self.holds.forget(session_id)
+            self.outputs.holds.forget(session_id)
         if batch.released and self.protected:
             self.protected = self.protected.difference(batch.released)
         if not self.connected:
@@ -132,7 +130,7 @@ class CheckpointOutbox:
                 continue
             self._chains[session_id] = meta.committed_len
             self._expected.add(session_id)
-            self._waiting[session_id] = self._put(record)
+            self.outputs.waiting[session_id] = self._put(record)
             self.written_total += 1
             self.bytes_written_total += record.nbytes
 
@@ -145,67 +143,8 @@ class CheckpointOutbox:
         return self._seq
 
     def dispatch(self, outputs: list[StepOutputs]) -> None:
-        """Send the engine's outputs on, except what belongs to sessions whose checkpoint is on
-        its way (held, in order: their events, then their token rows). A step whose outputs
-        hold a session back waits whole for the store's next take, ``STEP_WAIT_S`` at most, so
-        that the turn's end usually goes in the same gateway item as the step's other tokens;
-        outputs dispatched meanwhile join it."""
-        if self._deferred:
-            self._deferred.extend(outputs)
-            return
-        if not self._waiting and not self.holds.holding():  # nothing to hold: all goes on
-            self.send_events(outputs)
-            return
-        if self._holds_back(outputs):
-            self._deferred = list(outputs)
-            loop = asyncio.get_running_loop()
-            self._deferred_timer = loop.call_later(STEP_WAIT_S, self._flush_deferred)
-            return
-        self._split(outputs)
-
-    def _holds_back(self, outputs: list[StepOutputs]) -> bool:
-        """Whether a session of ``outputs`` waits for a checkpoint that has not been sent yet
-        or is in flight (not one whose hold was given up)."""
-        waiting, given_up = self._waiting, self.holds.given_up
-        return any(
-            sid in waiting and sid not in given_up
-            for out in outputs
-            for sid in (*(e.session_id for e in out.events), *out.session_ids)
-        )
-
-    def _flush_deferred(self) -> None:
-        """The store took an item (or ``STEP_WAIT_S`` passed): the deferred outputs go on, but
-        for the sessions still waiting for their checkpoints (idempotent)."""
-        deferred, self._deferred = self._deferred, []
-        if self._deferred_timer is not None:
-            self._deferred_timer.cancel()
-            self._deferred_timer = None
-        if deferred:
-            self._split(deferred)
-
-    def _split(self, outputs: list[StepOutputs]) -> None:
-        holding, waiting, given_up = self.holds.holding(), self._waiting, self.holds.given_up
-        for out in outputs:
-            now = []
-            for event in out.events:
-                sid = event.session_id
-                if sid in holding or (sid in waiting and sid not in given_up):
-                    self.holds.hold(event)
-                else:
-                    now.append(event)
-            out.events = now
-            sids = out.session_ids
-            held = [
-                i
-                for i, sid in enumerate(sids)
-                if sid in holding or (sid in waiting and sid not in given_up)
-            ]
-            if held:
-                for i in held:
-                    self.holds.hold(out.row_event(i))
-                gone = set(held)
-                out.keep_rows([i for i in range(len(sids)) if i not in gone])
-        self.send_events([out for out in outputs if out])
+        """Send the engine's outputs on, those of sessions whose checkpoint is on its way held."""
+        self.outputs.dispatch(outputs)
 
     # ----- the store's side -------------------------------------------------------------------
 
@@ -287,13 +226,9 @@ class CheckpointOutbox:
     def _stored(self, seq: int) -> None:
         """The store has every item up to ``seq``: their sessions are protected, and their held
         turn endings go on (idempotent)."""
-        stored = [sid for sid, s in self._waiting.items() if s <= seq]
-        for session_id in stored:
-            del self._waiting[session_id]
-            self.holds.stored(session_id)
+        stored = self.outputs.stored(seq)
         if stored:
             self.protected = self.protected.union(stored)
-        self._flush_deferred()
         for waiting, done in self._durable:
             waiting.difference_update(stored)
             if not waiting and not done.done():
@@ -324,12 +259,10 @@ class CheckpointOutbox:
         self._expected_after.clear()
         self._unfreed_at.clear()
         self._expected.clear()
-        self._waiting.clear()
         self._chains.clear()
         self._acked = (0, 0, 0)
         self.protected = frozenset()
-        self._flush_deferred()  # nothing waits now: all of it goes on
-        self.holds.release_all()
+        self.outputs.release_all()
         for _, done in self._durable:
             if not done.done():
                 done.set_result(False)
@@ -351,7 +284,7 @@ class CheckpointOutbox:
         checkpoint on its way, or nothing to lose yet) while acknowledgements are on time and
         its turn's end was not let go."""
         protected, prompt = self.protected, self.connected and not self.acks_late
-        let_go = self.holds.given_up
+        let_go = self.outputs.holds.given_up
         unprotected = sum(
             1
             for sid in open_sessions
