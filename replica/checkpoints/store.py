@@ -58,6 +58,7 @@ class CheckpointStore:
         self.files = CheckpointFiles(checkpoint_dir, replica_id) if checkpoint_dir else None
         self._seq = 0  # the last part's sequence number: increasing across streams
         self.fenced = False  # the replica was declared dead: drops are ignored (``fence``)
+        self.kept: set[str] = set()  # sessions released since the fence, their checkpoints kept
         self.saved: dict[str, CheckpointChain] = {}
         self.folds = 0  # chains folded into one whole state
         self._folding: set[asyncio.Task] = set()
@@ -111,6 +112,7 @@ class CheckpointStore:
     async def _drop(self, drop: CheckpointDrop, seq: int) -> None:
         """Free the checkpoints of released sessions, unless fenced (``fence``)."""
         if self.fenced:
+            self.kept.update(sid for sid in drop.session_ids if sid in self.saved)
             return
         if self.files is not None:
             await asyncio.to_thread(self._write, drop, seq)
@@ -178,10 +180,13 @@ class CheckpointStore:
     async def _send_acks(self, replica: Any, interval_s: float) -> None:
         while self.acked < self.items:
             self.acked = self.items
-            held_bytes = sum(chain.nbytes for chain in self.saved.values())
+            # what it holds for the replica's open sessions: a checkpoint kept past its
+            # session's release (``fence``) is the failover's, not a leak of the replica's
+            held = [chain for sid, chain in self.saved.items() if sid not in self.kept]
+            held_bytes = sum(chain.nbytes for chain in held)
             try:
                 await ReplicaClient(replica).checkpoints_acked(
-                    seq=self.acked, held=len(self.saved), held_bytes=held_bytes
+                    seq=self.acked, held=len(held), held_bytes=held_bytes
                 )
             except Exception:  # noqa: BLE001 - the replica died
                 return
@@ -190,7 +195,9 @@ class CheckpointStore:
 
     async def fence(self) -> None:
         """The replica was declared dead: keep every checkpoint held now, ignoring the drops
-        that come after (idempotent; the failover that reads them ends this store)."""
+        that come after (idempotent; the failover that reads them ends this store). Those kept
+        past their session's release are left out of the acknowledged count: a replica that
+        comes back sees its own sessions' checkpoints only, and no leak."""
         if not self.fenced:
             self.fenced = True
             log.warning(

@@ -20,7 +20,7 @@ from replica.api import ActorError, StatusCode
 from router.call_errors import CallFailure, FailureKind, log_failure
 from router.control.migration import Migrator
 from router.control.registry import ReplicaRegistry
-from router.control.table import ReplicaEntry, SessionEntry, SessionTable
+from router.control.table import ReplicaEntry, SessionEntry, SessionState, SessionTable
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,9 @@ class BlankReopen:
         blank, why_not = {}, {}
         for sid in ids:
             session = self.sessions.get(sid)
-            if not session or not session.blank:
+            if not session or session.state != SessionState.OPEN:
+                why_not[sid] = "closed meanwhile (not lost)"
+            elif not session.blank:
                 why_not[sid] = "moved, forked or opened with a prefix"
             elif session.blank.store_epoch != dead.store_epoch:
                 why_not[sid] = (
