@@ -5,8 +5,9 @@ A session opened empty (``BlankOpen``: no prefix; or named by a replica's regist
 holding nothing yet) whose dead replica's store has followed it since then, and whose turn's end
 never went out without a checkpoint (``CheckpointStats.let_go`` in the replica's last snapshot:
 holds given up, and sessions whose committed state no connected store held, since a store went
-or while none followed), committed nothing a client saw: a turn's end waits for its checkpoint. It is opened again with the
-same id, tenant and idle timeout, at 0 committed tokens, waiting for room as restores do.
+or while none followed), committed nothing a client saw: a turn's end waits for its checkpoint.
+It is opened again with the same id, tenant and idle timeout, at 0 committed tokens, waiting
+for room as restores do.
 """
 
 from __future__ import annotations
