@@ -27,6 +27,10 @@ exists to catch:
   target that dies mid-import). A migration then fails INTERNAL or UNAVAILABLE with the blame on
   the target, and the sessions stay on the source and go on there; a failover imports them on
   another replica (``router.control.migration``, ``router.control.failover``).
+- ``import_stalls``: the replica's first (or N-th) ``import_sessions`` holds its answer for
+  ``STALL_S`` once the imported sessions are open in its pools (the actor serves meanwhile), so
+  a test can declare the target dead mid-import: nothing may be pinned to it when it answers
+  (``router.control.moving``); the sessions stay on their source, or a failover tries another.
 - ``finish_export_fails`` / ``finish_export_crashes``: the first (or N-th) ``finish_export`` of a
   move that landed raises before it touches any state / ends the source's process: the sessions
   are on the target and still on the source. The router keeps exactly one copy: the target's
@@ -38,6 +42,7 @@ once.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Mapping
 
@@ -53,10 +58,18 @@ NAMES = (
     "replica_call_raises",
     "import_fails",
     "import_crashes",
+    "import_stalls",
     "finish_export_fails",
     "finish_export_crashes",
 )
-COUNTED = ("import_fails", "import_crashes", "finish_export_fails", "finish_export_crashes")
+COUNTED = (
+    "import_fails",
+    "import_crashes",
+    "import_stalls",
+    "finish_export_fails",
+    "finish_export_crashes",
+)
+STALL_S = 8.0  # how long ``import_stalls`` holds its import's answer
 CALLS_THAT_RAISE = ("submit_turns", "open_sessions")  # what replica_call_raises arms, once each
 
 
@@ -108,6 +121,7 @@ class CallFaults:
         self._countdown = {
             name: n - 1 for name in COUNTED if (n := occurrence(names, name)) is not None
         }
+        self.stalled = 0  # stalls begun (``stall_if``), for a test to wait on
 
     def arm(self, name: str, n: int = 1) -> None:
         """Make the counted fault ``name`` fire on its ``n``-th occurrence from now, once."""
@@ -135,6 +149,13 @@ class CallFaults:
         """End this process at once, as a SIGKILL would, if the counted fault ``name`` fires."""
         if self.fires(name):
             os._exit(1)
+
+    async def stall_if(self, name: str) -> None:
+        """Hold the caller ``STALL_S`` if the counted fault ``name`` fires now (the actor goes
+        on serving other calls meanwhile)."""
+        if self.fires(name):
+            self.stalled += 1
+            await asyncio.sleep(STALL_S)
 
     def trip(self, call: str) -> None:
         """Raise ``InjectedCallError`` if ``call`` is still armed (disarming it)."""

@@ -4,8 +4,9 @@ store are SIGKILLed and a migration's target is SIGKILLed while the session move
 something it can hit; the cluster must heal to --replicas healthy replicas with no session lost
 or doubled, every pool at capacity, 0 leaked, an empty router table, only live replicas in
 /metrics, and every session completed or ended with a documented status code, no call hung. The
-SIGSTOP of a replica and the SIGKILL of a draining one are left out: each still loses a session
-in some runs (docs/benchmarks.md#benchchaos)."""
+SIGSTOP of a replica and the SIGKILL of a draining one are left out: with them the run took
+261 s under load (too long for CI) and failed once; tests/test_e2e_paused_replica.py and
+tests/test_e2e_migration_faults.py make those faults, focused (docs/benchmarks.md#benchchaos)."""
 
 from __future__ import annotations
 

@@ -125,3 +125,34 @@ def test_a_store_folds_deltas_and_answers_a_failover_with_the_whole_state(ray_cl
     assert ray.get(store.stats.remote()) == (0, 0)
     ray.kill(replica)
     ray.kill(store)
+
+
+def test_a_fenced_store_keeps_its_checkpoints_whatever_the_replica_releases(ray_cluster):
+    """A replica declared dead may be alive (stopped, then continued) and release its sessions
+    (idle timeouts); once the failover has fenced its store, those releases reach the store and
+    free nothing there, so the failover reads every checkpoint held when the replica was
+    declared dead. Before the fence a release frees its checkpoint as always."""
+    replica, store = replica_with_store("ckpt-fenced")
+    wait_for(lambda: checkpoints_pool(replica) == (6, 6, 0, 0), 30, 0.05, "a store")
+    for sid in ("a", "b"):
+        ray.get(replica.open_session.remote(sid))
+        turn = replica.submit_turn.remote("", sid, None, [5, 6, 7], SamplingParams(4))
+        assert isinstance(ray.get(turn), int)
+    wait_for(lambda: checkpoints_pool(replica) == (6, 4, 2, 0), 30, 0.05, "2 written")
+    ray.get(replica.close_sessions.remote(["a"]))
+    wait_for(lambda: ray.get(store.stats.remote())[0] == 1, 30, 0.05, "a's checkpoint freed")
+
+    ray.get(store.fence.remote())
+    ray.get(replica.close_sessions.remote(["b"]))
+    # the drop went through the stream (acknowledged: the replica expects none now) and the
+    # store kept b's checkpoint, for the failover: no leak of the replica's (its engine, strict,
+    # would die of one), and the store says it holds it
+    wait_for(lambda: checkpoints_pool(replica) == (6, 6, 0, 0), 30, 0.05, "b's drop taken")
+    assert ray.get(store.stats.remote())[0] == 1
+    assert isinstance(ray.get(replica.check_invariant.remote()), PoolSnapshot)
+    found = ray.get(store.checkpoints.remote(["a", "b"], 0.5), timeout=30)
+    assert set(found) == {"b"}
+    meta, _ = found["b"]
+    assert meta.session_id == "b" and meta.committed_len > 0
+    ray.kill(replica)
+    ray.kill(store)

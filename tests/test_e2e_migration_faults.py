@@ -12,6 +12,9 @@ that the side that failed is blamed and a healthy one stays healthy, and that no
   stays on the source;
 - the source dies as it releases a session that landed (``finish_export_crashes``): the move
   succeeds, the target's copy is the only one;
+- the target's import stalls while the router declares it dead (``import_stalls``): the
+  session is not pinned to the dead target, the move fails UNAVAILABLE, the session stays on
+  the source;
 - a replica dies during a drain that waits for its session's turn, and the failover's first
   target dies importing it: the session is restored on the third replica from its checkpoint,
   and the drain answers from the failover's outcome (DEAD, 1 migrated, 0 left).
@@ -197,6 +200,43 @@ def test_a_source_that_dies_releasing_a_landed_session_leaves_the_target_copy(se
     move.goes_on_at(server, move.target, 6)
     assert not new_errors(server, move.before, move.target)
     close_and_check(server, [move.session])
+
+
+def test_a_target_declared_dead_mid_import_gets_no_pin(server, client):
+    """The target's import stalls (``import_stalls``) while the router declares the target dead,
+    then answers that the session landed: nothing is pinned to the dead target, the migration
+    fails UNAVAILABLE naming it, and the session goes on at its source, its one live copy."""
+    session, committed, source, target = pair(server, client)
+    arm(server, target, "import_stalls")
+    moved: dict[str, grpc.RpcError | pb.Session] = {}
+
+    def migrate() -> None:
+        try:
+            moved["r"] = client.migrate(session.id, target, 60)
+        except grpc.RpcError as err:
+            moved["r"] = err
+
+    mover = threading.Thread(target=migrate)
+    mover.start()
+    stalls = server.replicas[target].__ray_call__
+    wait_for(
+        lambda: ray.get(stalls.remote(lambda a: a.moves.call_faults.stalled), timeout=30),
+        30,
+        0.05,
+        "the import to stall on the target",
+    )
+    router = server.server.router
+    ray.get(router.replica_failed.remote(target, "declared dead mid-import (test)", False))
+    mover.join(60)
+    err = moved["r"]
+    assert isinstance(err, grpc.RpcError), f"the move landed on a dead target: {err}"
+    assert err.code() == grpc.StatusCode.UNAVAILABLE and target in err.details(), err
+    pins = ray.get(router.pinned_sessions.remote(target), timeout=30)
+    assert session.id not in pins
+    assert_one_copy(server, session.id, source)
+    assert turn(session, 10) == committed + 7
+    assert views(server)[source].health == ReplicaHealth.HEALTHY
+    close_and_check(server, [session])
 
 
 def test_a_drain_whose_replica_dies_and_whose_failover_target_dies_importing(server, client):

@@ -5,6 +5,9 @@ end in tests/test_e2e_migration_faults.py."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 
 from replica import failpoints
@@ -44,3 +47,20 @@ def test_the_new_names_parse_and_bad_counts_are_refused():
         assert name in failpoints.__doc__
     with pytest.raises(ValueError):
         failpoints.parse("import_fails:0")
+
+
+def test_stall_if_holds_its_caller_once_and_counts_it(monkeypatch):
+    monkeypatch.setattr(failpoints, "STALL_S", 0.2)
+    faults = CallFaults(failpoints.parse("import_stalls:2"))
+
+    async def stalls() -> list[float]:
+        took = []
+        for _ in range(3):
+            start = time.monotonic()
+            await faults.stall_if("import_stalls")
+            took.append(time.monotonic() - start)
+        return took
+
+    took = asyncio.run(stalls())
+    assert took[0] < 0.1 and took[1] >= 0.2 and took[2] < 0.1, took
+    assert faults.stalled == 1

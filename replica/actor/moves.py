@@ -78,6 +78,7 @@ class MoveCalls:
         records = [await part if isinstance(part, ray.ObjectRef) else part for part in parts]
         imported = await self.host.call(self.engine.moves.import_, records)
         self.call_faults.crash_if("import_crashes")  # dies with the sessions in its pools
+        await self.call_faults.stall_if("import_stalls")  # may be declared dead meanwhile
         if not isinstance(imported, ActorError):
             await self.checkpoints.durable([info.session_id for info in imported.opened])
         return imported

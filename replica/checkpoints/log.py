@@ -12,7 +12,9 @@ one copy of what changed, right after the step; writing it out happens on the ac
 loop, off the token path.
 
 Nothing is exported while no checkpoint store follows the replica (``enabled`` False): a session
-changed meanwhile gets its first checkpoint at its next change.
+changed meanwhile gets its first checkpoint at its next change (or when a store connects), and
+those of them holding committed state are handed on as ``unsaved`` (a failover must not open
+them again empty: a client may have seen their turn end).
 
 ``released`` notes every release of a session that has a checkpoint, so its checkpoint is freed
 (``dropped``); the failpoint ``leak_checkpoint_on_release`` drops none, so a leaked checkpoint
@@ -35,15 +37,17 @@ if TYPE_CHECKING:  # the store reads this package and never needs torch
 @dataclass(frozen=True, slots=True)
 class CheckpointBatch:
     """What one engine step leaves to write: each changed session's state (``saved``), the
-    sessions whose checkpoints to free (``dropped``) and those released (``released``: the
-    same, unless a failpoint leaks)."""
+    sessions whose checkpoints to free (``dropped``), those released (``released``: the
+    same, unless a failpoint leaks), and those whose committed state changed while no store
+    followed (``unsaved``: no checkpoint of it was taken)."""
 
     saved: list[SessionStates] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
     released: list[str] = field(default_factory=list)
+    unsaved: list[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.saved or self.released)
+        return bool(self.saved or self.released or self.unsaved)
 
 
 class CheckpointLog:
@@ -87,7 +91,9 @@ class CheckpointLog:
         """Export every changed idle session (``export(records, kv_from=...)``, one record
         each: a delta when the store has its state before) and the releases since the last
         ``take``; a session whose turn runs again waits for that turn's end."""
+        unsaved = []
         if not self.enabled:
+            unsaved = [sid for sid, slot in self._changed.items() if slot.committed_len > 0]
             self._changed.clear()
         ready = [s for s in self._changed.values() if s.turn is None]
         saved = []
@@ -99,6 +105,6 @@ class CheckpointLog:
             kv_from = {sid: before} if 0 < before <= slot.committed_len else None
             saved.append(export([slot], kv_from=kv_from))
             self._sent[sid] = slot.committed_len
-        batch = CheckpointBatch(saved, self._dropped, self._released)
+        batch = CheckpointBatch(saved, self._dropped, self._released, unsaved)
         self._dropped, self._released = [], []
         return batch

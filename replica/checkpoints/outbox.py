@@ -26,7 +26,11 @@ stays suspended, holding only its last item), so ``disconnect`` ends it: the rep
 watch calls it when the store died or acknowledged nothing for ``stall_s`` (a hung store's
 stream is ended only once it answers again, ``end_abandoned``). Without a connected
 store nothing is queued or held, and every open session is *unprotected*; ``protected`` names
-the sessions of which the connected store holds a checkpoint.
+the sessions of which the connected store holds a checkpoint. ``unsaved`` names the sessions
+holding committed state that no connected store holds since a store went (those it held, and
+those whose state changed while none followed): reported in ``let_go`` with the sessions whose
+holds were given up, until a checkpoint of each is stored, so a failover never opens one of them
+again empty.
 
 Accounting, exact at each acknowledgement: ``expected`` is how many sessions of this replica
 must have a checkpoint once every item sent so far is applied; the store's acknowledgement says
@@ -84,6 +88,7 @@ class CheckpointOutbox:
         self.outputs = HeldOutputs(dispatch, hold_s)
         self.connected = False
         self.protected: frozenset[str] = frozenset()  # replaced whole: read by the engine thread
+        self.unsaved: frozenset[str] = frozenset()  # the same
         self._queue: asyncio.Queue | None = None  # the connected store's stream
         self.abandoned: asyncio.Queue | None = None  # a hung store's stream, left open
         self.acks_late = False  # set by the replica's watch: an item waits past the hold bound
@@ -108,6 +113,8 @@ class CheckpointOutbox:
             self.outputs.holds.forget(session_id)
         if batch.released and self.protected:
             self.protected = self.protected.difference(batch.released)
+        if batch.unsaved or (batch.released and self.unsaved):
+            self.unsaved = self.unsaved.union(batch.unsaved).difference(batch.released)
         if not self.connected:
             return
         dropped = set(batch.dropped)
@@ -229,6 +236,7 @@ class CheckpointOutbox:
         stored = self.outputs.stored(seq)
         if stored:
             self.protected = self.protected.union(stored)
+            self.unsaved = self.unsaved.difference(stored)
         for waiting, done in self._durable:
             waiting.difference_update(stored)
             if not waiting and not done.done():
@@ -253,7 +261,11 @@ class CheckpointOutbox:
         return time.monotonic() - min(self._sent_at.values(), default=time.monotonic())
 
     def _reset(self) -> None:
-        """Forget everything in flight and send every held event on."""
+        """Forget everything in flight and send every held event on; the sessions whose state
+        the store held or was to hold are ``unsaved`` from now on."""
+        self.unsaved = self.unsaved.union(
+            self._expected, self.outputs.waiting, self.outputs.holds.holding()
+        )
         self._seq = 0
         self._sent_at.clear()
         self._expected_after.clear()
@@ -284,7 +296,7 @@ class CheckpointOutbox:
         checkpoint on its way, or nothing to lose yet) while acknowledgements are on time and
         its turn's end was not let go."""
         protected, prompt = self.protected, self.connected and not self.acks_late
-        let_go = self.outputs.holds.given_up
+        let_go = self.outputs.holds.given_up | self.unsaved
         unprotected = sum(
             1
             for sid in open_sessions

@@ -25,7 +25,11 @@ then), so a failover whose store died too reads it.
 When the replica dies the stream ends; ``checkpoints`` waits for that end (every item the
 replica yielded is in), folds each chain into one whole state and answers their refs for the
 router's failover, which imports them on live replicas straight from the object store and then
-ends this store.
+ends this store. The failover first ``fence``s the store, as the replica is declared dead: from
+then on the store keeps every checkpoint it holds, whatever the replica says. A replica declared
+dead may be alive (stopped, then continued): it goes on releasing its sessions (idle timeouts,
+the router's release of a fenced replica's sessions), and a drop that reached the store before
+the failover's read would leave the session with no checkpoint to restore.
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ class CheckpointStore:
         self.replica_id = replica_id
         self.files = CheckpointFiles(checkpoint_dir, replica_id) if checkpoint_dir else None
         self._seq = 0  # the last part's sequence number: increasing across streams
+        self.fenced = False  # the replica was declared dead: drops are ignored (``fence``)
+        self.kept: set[str] = set()  # sessions released since the fence, their checkpoints kept
         self.saved: dict[str, CheckpointChain] = {}
         self.folds = 0  # chains folded into one whole state
         self._folding: set[asyncio.Task] = set()
@@ -90,12 +96,11 @@ class CheckpointStore:
                 entries = await ref
                 for item in entries:
                     self._seq = seq = max(self._seq + 1, time.time_ns())
-                    if confirm:
-                        await asyncio.to_thread(self._write, item, seq)
                     if isinstance(item, CheckpointDrop):
-                        for session_id in item.session_ids:
-                            self.saved.pop(session_id, None)
+                        await self._drop(item, seq)
                     else:
+                        if confirm:
+                            await asyncio.to_thread(self._write, item, seq)
                         self._keep(item, ray.put(item) if copy_here else item, seq)
                     self.items += 1  # only now: an acknowledgement counts what ``saved`` holds
                 self._ack(replica)
@@ -103,6 +108,16 @@ class CheckpointStore:
             log.info("checkpoint stream of %s ended: %s", self.replica_id, exc)
         finally:
             self._ended.set()
+
+    async def _drop(self, drop: CheckpointDrop, seq: int) -> None:
+        """Free the checkpoints of released sessions, unless fenced (``fence``)."""
+        if self.fenced:
+            self.kept.update(sid for sid in drop.session_ids if sid in self.saved)
+            return
+        if self.files is not None:
+            await asyncio.to_thread(self._write, drop, seq)
+        for session_id in drop.session_ids:
+            self.saved.pop(session_id, None)
 
     def _write(self, item: SessionStates | CheckpointDrop, seq: int) -> None:
         try:
@@ -165,15 +180,29 @@ class CheckpointStore:
     async def _send_acks(self, replica: Any, interval_s: float) -> None:
         while self.acked < self.items:
             self.acked = self.items
-            held_bytes = sum(chain.nbytes for chain in self.saved.values())
+            # what it holds for the replica's open sessions: a checkpoint kept past its
+            # session's release (``fence``) is the failover's, not a leak of the replica's
+            held = [chain for sid, chain in self.saved.items() if sid not in self.kept]
+            held_bytes = sum(chain.nbytes for chain in held)
             try:
                 await ReplicaClient(replica).checkpoints_acked(
-                    seq=self.acked, held=len(self.saved), held_bytes=held_bytes
+                    seq=self.acked, held=len(held), held_bytes=held_bytes
                 )
             except Exception:  # noqa: BLE001 - the replica died
                 return
             if interval_s:
                 await asyncio.sleep(interval_s)
+
+    async def fence(self) -> None:
+        """The replica was declared dead: keep every checkpoint held now, ignoring the drops
+        that come after (idempotent; the failover that reads them ends this store). Those kept
+        past their session's release are left out of the acknowledged count: a replica that
+        comes back sees its own sessions' checkpoints only, and no leak."""
+        if not self.fenced:
+            self.fenced = True
+            log.warning(
+                "%s declared dead: its checkpoints are kept for its failover", self.replica_id
+            )
 
     async def checkpoints(
         self, session_ids: list[str], wait_s: float

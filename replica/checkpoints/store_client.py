@@ -23,6 +23,10 @@ class CheckpointStoreClient:
         """Start pulling the checkpoints of ``replica`` (its handle), on node ``replica_node``."""
         await self.handle.follow.remote(replica, replica_node)
 
+    async def fence(self) -> None:
+        """The replica was declared dead: the store keeps what it holds for the failover."""
+        await self.handle.fence.remote()
+
     async def checkpoints(
         self, *, session_ids: list[str], wait_s: float
     ) -> dict[str, tuple[SessionMeta, list[ObjectRef]]]:

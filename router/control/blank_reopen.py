@@ -3,9 +3,11 @@ client saw, opened again, empty, on live replicas (part of ``router.control.fail
 
 A session opened empty (``BlankOpen``: no prefix; or named by a replica's registration as
 holding nothing yet) whose dead replica's store has followed it since then, and whose turn's end
-never went out without a checkpoint (``CheckpointStats.let_go`` in the replica's last snapshot),
-committed nothing a client saw: a turn's end waits for its checkpoint. It is opened again with the
-same id, tenant and idle timeout, at 0 committed tokens, waiting for room as restores do.
+never went out without a checkpoint (``CheckpointStats.let_go`` in the replica's last snapshot:
+holds given up, and sessions whose committed state no connected store held, since a store went
+or while none followed), committed nothing a client saw: a turn's end waits for its checkpoint.
+It is opened again with the same id, tenant and idle timeout, at 0 committed tokens, waiting
+for room as restores do.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from replica.api import ActorError, StatusCode
 from router.call_errors import CallFailure, FailureKind, log_failure
 from router.control.migration import Migrator
 from router.control.registry import ReplicaRegistry
-from router.control.table import ReplicaEntry, SessionEntry, SessionTable
+from router.control.table import ReplicaEntry, SessionEntry, SessionState, SessionTable
 
 log = logging.getLogger(__name__)
 
@@ -45,22 +47,37 @@ class BlankReopen:
         """Those of ``ids`` (no checkpoint found) opened empty since the store that answered
         followed the dead replica: they committed nothing a client saw (a turn's end waits for
         its checkpoint), so they open again; except those whose turn's end the replica's last
-        snapshot says went out without one (``let_go``)."""
+        snapshot says went out without one (``let_go``). Logs why each is or is not."""
         let_go = dead.snapshot.checkpoints.let_go if dead.snapshot is not None else frozenset()
-        blank = {}
+        blank, why_not = {}, {}
         for sid in ids:
             session = self.sessions.get(sid)
-            if (
-                session
-                and session.blank
-                and session.blank.store_epoch == dead.store_epoch
-                and sid not in let_go
-            ):
+            if not session or session.state != SessionState.OPEN:
+                why_not[sid] = "closed meanwhile (not lost)"
+            elif not session.blank:
+                why_not[sid] = "moved, forked or opened with a prefix"
+            elif session.blank.store_epoch != dead.store_epoch:
+                why_not[sid] = (
+                    f"opened at store epoch {session.blank.store_epoch}, "
+                    f"before the store that answered ({dead.store_epoch})"
+                )
+            elif sid in let_go:
+                why_not[sid] = "a turn of it ended without a checkpoint"
+            else:
                 blank[sid] = session
-        if len(blank) < len(ids):
-            log.warning("%d sessions without a checkpoint cannot be opened again empty: they "
-                        "moved, were forked or opened with a prefix, or a turn of theirs ended "
-                        "without one", len(ids) - len(blank))  # fmt: skip
+        replica_id = dead.desc.replica_id
+        if blank:
+            log.warning(
+                "%s: %d sessions without a checkpoint open again empty (opened empty at store "
+                "epoch %d, no turn's end let go without a checkpoint): %s",
+                replica_id,
+                len(blank),
+                dead.store_epoch,
+                ", ".join(sid[:12] for sid in blank),
+            )
+        for sid, why in why_not.items():
+            log.warning("%s: session %s has no checkpoint and cannot open again empty: %s",
+                        replica_id, sid[:12], why)  # fmt: skip
         return blank
 
     async def reopen(self, blank: dict[str, SessionEntry], dead: str) -> dict[str, int]:
@@ -120,8 +137,9 @@ class BlankReopen:
                 full.append(sid)
             else:
                 log.warning("%s refused to open %s again: %s", target, sid[:16], result.message)
-        self.migrator.claims.land(landed, target)
-        return landed, full
+        pinned = self.migrator.claims.land(landed, target)
+        strays = await self.migrator.landing.strays([s for s in landed if s not in pinned], target)
+        return pinned, full + strays  # a target declared dead meanwhile: another is tried
 
 
 def unassigned(ids: list[str], groups: dict[str, list[str]]) -> list[str]:

@@ -47,8 +47,10 @@ async def start_store(
     namespace: str,
     generation: int = 0,
     checkpoint_dir: str = "",
+    follow: bool = True,
 ) -> Any:
-    """A checkpoint store for the replica ``replica`` (on node ``node_id``), following it; a
+    """A checkpoint store for the replica ``replica`` (on node ``node_id``), following it
+    unless not ``follow`` (the caller then has it follow, ``CheckpointStoreClient.follow``); a
     replacement of a dead one (``generation`` 1, 2, ...) gets a name of its own, as Ray may
     keep a dead actor's name for a while. With ``checkpoint_dir`` it writes there too."""
     name = f"{replica_id}-checkpoints" + (f"-{generation}" if generation else "")
@@ -68,5 +70,6 @@ async def start_store(
         )
         .remote(replica_id, checkpoint_dir)
     )
-    await CheckpointStoreClient(store).follow(replica=replica, replica_node=node_id)
+    if follow:
+        await CheckpointStoreClient(store).follow(replica=replica, replica_node=node_id)
     return store

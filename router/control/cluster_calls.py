@@ -7,6 +7,7 @@ makes wakes the opens waiting for room (``Opener.notify_room``).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -48,8 +49,10 @@ class ClusterCalls:
         hold nothing yet, with their idle timeouts (a failover may open them again, empty).
 
         A replica declared dead stays dead (the serve process kills and replaces it): if it
-        turns out to be alive, its sessions, whose clients were told ABORTED, are released."""
+        turns out to be alive, its sessions, restored elsewhere or told ABORTED, are released
+        once its failover has ended (the failover reads their checkpoints first)."""
         if self.replicas.is_fenced(desc.incarnation):
+            await self._failover_ended(replica_id, desc.incarnation)
             if tenants:
                 log.warning(
                     "replica %s came back after it was declared dead; releasing its %d sessions",
@@ -68,6 +71,16 @@ class ClusterCalls:
             self.sessions.pin(sid, replica_id, tenant, empty)
         log.info("replica %s registered with %d sessions", replica_id, len(tenants))
         await self.opener.notify_room()
+
+    async def _failover_ended(self, replica_id: str, incarnation: str) -> None:
+        """Wait for the failover of the fenced ``incarnation`` of ``replica_id``, if any runs."""
+        entry = self.replicas.get(replica_id)
+        if entry is None or entry.desc.incarnation != incarnation or entry.failover is None:
+            return
+        try:
+            await asyncio.shield(entry.failover)
+        except Exception:  # noqa: BLE001 - its failover's own failure, logged there
+            log.exception("the failover of %s failed", replica_id)
 
     async def report(self, snapshot: PoolSnapshot, released: list[str]) -> bool:
         """A replica's periodic snapshot, and the sessions it released on its own since (idle

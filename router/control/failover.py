@@ -1,6 +1,8 @@
 """``Failover``: a dead replica's sessions restored on live replicas from their checkpoints.
 
 When a replica is declared dead (its process died, its engine loop died, it stopped answering):
+0. its checkpoint store is fenced: it keeps what it holds from then on (a replica declared dead
+   may be alive, stopped then continued, and release its sessions meanwhile);
 1. each of its sessions is marked moving in the table: routes asked for meanwhile wait;
 2. its checkpoint store is asked for their latest checkpoints (after the dead replica's
    checkpoint stream has ended, so that every checkpoint it wrote is in);
@@ -12,7 +14,9 @@ When a replica is declared dead (its process died, its engine loop died, it stop
    opened again, empty, with the same id, tenant and idle timeout (``BlankReopen``);
 5. the restored and reopened sessions are pinned to their new replicas; the others (no
    checkpoint and not blank, the store unreachable, or no room in time) become ABORTED
-   tombstones; then the store is ended.
+   tombstones; then the store is ended. Sessions their clients closed during the failover are
+   neither restored (a copy that landed meanwhile is released) nor lost. Nothing is pinned to
+   a target declared dead as its sessions land (``MovingSessions.land``): they try another.
 The ``FailoverOutcome`` is what gateways end the calls in flight with: UNAVAILABLE ("retry the
 turn; the session continues at committed_tokens N") for a restored session, ABORTED for a lost
 one. There is one failover per dead replica; every caller gets its outcome.
@@ -35,7 +39,7 @@ from router.control.api import FailoverOutcome
 from router.control.blank_reopen import BlankReopen, unassigned
 from router.control.migration import Migrator
 from router.control.registry import ReplicaRegistry
-from router.control.table import ReplicaEntry, SessionTable
+from router.control.table import ReplicaEntry, SessionState, SessionTable
 
 log = logging.getLogger(__name__)
 
@@ -75,16 +79,22 @@ class Failover:
         return await asyncio.shield(entry.failover)
 
     async def _run(self, replica_id: str, entry: ReplicaEntry) -> FailoverOutcome:
+        await self._fence(entry)  # first: a claim may wait for a move in flight
         claimed = await self.migrator.claims.claim(
             self.sessions.sessions_of(replica_id), replica_id
         )
         try:
             found, answered = await self._checkpoints(entry, list(claimed))
+            found = {sid: f for sid, f in found.items() if self._open(sid)}
             restored = await self._restore(found, replica_id) if found else {}
             if answered:
                 blank = self.blank.select(entry, [sid for sid in claimed if sid not in found])
                 restored.update(await self.blank.reopen(blank, replica_id) if blank else {})
-            lost = tuple(sid for sid in claimed if sid not in restored)
+            closed = [sid for sid in claimed if sid not in restored and not self._open(sid)]
+            if closed:  # by their clients, during the failover: neither restored nor lost
+                log.info("replica %s: %d sessions closed during its failover", replica_id,
+                         len(closed))  # fmt: skip
+            lost = tuple(sid for sid in claimed if sid not in restored and sid not in closed)
             if lost:
                 log.warning(
                     "replica %s: %d checkpoints found, store answered %s; lost %s",
@@ -111,6 +121,21 @@ class Failover:
                     log.info("end of the checkpoint store of %s: %s", replica_id, exc)
             if self.checkpoint_dir:  # its sessions are elsewhere now, or lost
                 await asyncio.to_thread(CheckpointFiles(self.checkpoint_dir, replica_id).remove)
+
+    def _open(self, session_id: str) -> bool:
+        entry = self.sessions.get(session_id)
+        return entry is not None and entry.state == SessionState.OPEN
+
+    async def _fence(self, entry: ReplicaEntry) -> None:
+        """Have the dead replica's store keep what it holds now: a replica declared dead may
+        be alive (stopped, then continued) and release its sessions, and their drops must not
+        reach the store before this failover reads it (``CheckpointStore.fence``)."""
+        if entry.checkpoints is None:
+            return
+        try:
+            await asyncio.wait_for(entry.store.fence(), STORE_WAIT_S)
+        except Exception as exc:  # noqa: BLE001 - the store died too: its files may hold them
+            log.warning("fencing the checkpoint store of %s: %r", entry.desc.replica_id, exc)
 
     async def _checkpoints(
         self, entry: ReplicaEntry, ids: list[str]
@@ -192,5 +217,8 @@ class Failover:
             return {}, dict.fromkeys(ids, imported)
         entry.take(imported.snapshot)
         landed = {info.session_id: info.committed_tokens for info in imported.opened}
-        self.migrator.claims.land(list(landed), target)
-        return landed, imported.refused
+        pinned = self.migrator.claims.land(list(landed), target)
+        strays = await self.migrator.landing.strays([s for s in landed if s not in pinned], target)
+        # declared dead as they landed: its copies go when it comes back; another is tried
+        again = ActorError(StatusCode.RESOURCE_EXHAUSTED, f"{target} was declared dead")
+        return {s: landed[s] for s in pinned}, {**imported.refused, **dict.fromkeys(strays, again)}

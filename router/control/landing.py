@@ -12,6 +12,9 @@ can have run there. Then:
   its copies (reason ``migrated``: their state is on the source), and they are the source's,
   refused with the source's error (the caller unmarks them there). The others are the target's.
 A target that dies while it releases its copies takes them with it: one copy is left either way.
+Sessions that landed but that ``MovingSessions.land`` did not pin are ``strays``: those closed by
+their client meanwhile are released on the target; with a target declared dead meanwhile, the
+caller decides (a migration has no copy left, a failover tries another target).
 """
 
 from __future__ import annotations
@@ -70,11 +73,25 @@ class Landing:
             await self._release_on_target(back, target)
         return [sid for sid in ids if sid not in held], dict.fromkeys(back, finished)
 
-    async def _release_on_target(self, ids: list[str], target: str) -> None:
+    async def strays(self, ids: Sequence[str], target: str) -> list[str]:
+        """``ids`` landed on ``target`` but were not pinned there: returns them all when the
+        target is dead (its copies are gone with it; the caller decides), else releases the
+        target's copies of those closed meanwhile and returns none."""
+        if not ids:
+            return []
+        if self._gone(target):
+            return list(ids)
+        log.info("%d sessions closed while they moved to %s: released there", len(ids), target)
+        await self._release_on_target(list(ids), target, ReleaseReason.CLOSED)
+        return []
+
+    async def _release_on_target(
+        self, ids: list[str], target: str, reason: ReleaseReason = ReleaseReason.MIGRATED
+    ) -> None:
         closed = await self.on(
             target,
             "close_sessions",
-            lambda r: r.close_sessions(session_ids=ids, reason=ReleaseReason.MIGRATED),
+            lambda r: r.close_sessions(session_ids=ids, reason=reason),
         )
         if not isinstance(closed, ActorError):
             self._take(target, closed.snapshot)

@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 from replica.actor.client import ReplicaClient
 from replica.api import ActorError, Exported, Imported, MigrationReason, StatusCode
 from router.call_errors import CallFailure, FailureKind, log_failure, object_lost, retrying
-from router.control.api import ReplicaView
+from router.control.api import ReplicaHealth, ReplicaView
 from router.control.landing import Landing
 from router.control.moving import MovingSessions
 from router.control.placement import choose_replica
@@ -72,7 +72,7 @@ class Migrator:
         self.sessions = sessions
         self.view = view
         self.on_dead = on_dead
-        self.claims = MovingSessions(sessions)
+        self.claims = MovingSessions(sessions, replicas)
         self.landing = Landing(replicas, self.call)
 
     async def move(
@@ -215,11 +215,19 @@ class Migrator:
         dst.take(imported.snapshot)
         refused.update(imported.refused)
         opened = [info.session_id for info in imported.opened]
+        if dst.health == ReplicaHealth.DEAD:
+            # declared dead mid-import (it stalled): the sessions stay on their source, and the
+            # target's copies go when it comes back (a fenced replica's sessions are released)
+            return [], {**refused, **dict.fromkeys(opened, _gone(target))}
         landed, back = await self.landing.finish(opened, source, target)
-        self.claims.land(landed, target)
+        pinned = self.claims.land(landed, target)
+        lost = await self.landing.strays([s for s in landed if s not in pinned], target)
+        if lost:  # the target died after the source let go: no copy is left
+            log.error("%s died as %d sessions landed on it: lost", target, len(lost))
+            self.sessions.abort(lost)
         refused.update(back)
-        src.migrated[reason.value] += len(landed)
-        return landed, refused
+        src.migrated[reason.value] += len(pinned)
+        return pinned, refused
 
     async def call(
         self, replica_id: str, method: str, call: Callable[[ReplicaClient], Awaitable[T]]

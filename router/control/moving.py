@@ -6,6 +6,10 @@ gets a ``moving`` future, which routes wait on, and is counted against its sourc
 session to the replica that now holds its state and wakes its routes; ``release`` ends the
 claims, whatever became of them. A session is claimed by one move at a time: a claim waits for
 the move in flight to end.
+
+``land`` pins nothing to a replica declared dead meanwhile (its failover has claimed the
+sessions pinned to it already, and would never restore one pinned after), nor a session closed
+meanwhile: the caller reads which landed from its answer and deals with the copies left.
 """
 
 from __future__ import annotations
@@ -14,12 +18,15 @@ import asyncio
 from collections import Counter
 from collections.abc import Sequence
 
+from router.control.api import ReplicaHealth
+from router.control.registry import ReplicaRegistry
 from router.control.table import SessionState, SessionTable
 
 
 class MovingSessions:
-    def __init__(self, sessions: SessionTable) -> None:
+    def __init__(self, sessions: SessionTable, replicas: ReplicaRegistry) -> None:
         self.sessions = sessions
+        self.replicas = replicas
         self.moving: Counter[str] = Counter()  # claimed sessions, by source replica
         self._sources: dict[str, str] = {}  # claimed session -> its source replica
 
@@ -55,13 +62,21 @@ class MovingSessions:
                 if not self.moving[source]:
                     del self.moving[source]
 
-    def land(self, session_ids: Sequence[str], replica_id: str) -> None:
-        """Pin sessions to the replica that now holds their state, and wake their routes."""
+    def land(self, session_ids: Sequence[str], replica_id: str) -> list[str]:
+        """Pin sessions to the replica that now holds their state, and wake their routes;
+        returns those pinned: none when the replica is dead or unknown, and none of those
+        no longer open (closed, or aborted, meanwhile)."""
+        target = self.replicas.get(replica_id)
+        if target is None or target.health == ReplicaHealth.DEAD:
+            return []
+        pinned = []
         for sid in session_ids:
             entry = self.sessions.get(sid)
-            if entry is None:
+            if entry is None or entry.state != SessionState.OPEN:
                 continue
             moving = entry.moving
             self.sessions.pin(sid, replica_id, entry.tenant)
+            pinned.append(sid)
             if moving is not None and not moving.done():
                 moving.set_result(None)
+        return pinned

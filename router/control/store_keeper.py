@@ -2,13 +2,15 @@
 
 Each round of the ``ReplicaSupervisor`` it probes the store of every live replica (not starting,
 not declared dead); a store that is known dead (Ray's actor-died error: its process was killed
-or its node died) is replaced at once by a new one that follows the replica
-(``router.control.checkpoint_stores.start_store``), and the router is told (a failover reads the
-new store). The replica then checkpoints every session it holds again at once; until those
-checkpoints land its sessions count as ``unprotected``. A store that is only slow is left alone;
-once the replica's own stall bound ended its stream, the store follows it again, from nothing.
-Failures (the replica died meanwhile) are
-logged and retried on the next round. ``replaced`` counts the stores started this way.
+or its node died) is replaced at once by a new one (``router.control.checkpoint_stores.
+start_store``): the router is told first (a failover reads the new store; its store epoch is
+one more), then the new store follows the replica, so that the router's epoch never lags the
+store that follows (``router.control.blank_reopen``). The replica then checkpoints every session
+it holds again at once; until those checkpoints land its sessions count as ``unprotected``, and
+those holding committed state as ``let_go`` (a failover never opens them again empty). A store
+that is only slow is left alone; once the replica's own stall bound ended its stream, the store
+follows it again, from nothing. Failures (the replica died meanwhile) are logged and retried on
+the next round. ``replaced`` counts the stores started this way.
 """
 
 from __future__ import annotations
@@ -88,12 +90,22 @@ class StoreKeeper:
         self.generations[replica_id] = generation = self.generations.get(replica_id, 0) + 1
         cfg = self.fleet.config
         store = await start_store(
-            replica_id, replica, desc.node_id, cfg.namespace, generation, cfg.router.checkpoint_dir
+            replica_id,
+            replica,
+            desc.node_id,
+            cfg.namespace,
+            generation,
+            cfg.router.checkpoint_dir,
+            follow=False,
         )
+        # the router counts the new store epoch before the store follows: a session opened
+        # empty from then on is one the new store has followed since before its first turn's
+        # end (a failover may open it again, empty, when that store has no checkpoint of it)
         taken = await self.router.replace_checkpoint_store(replica_id=replica_id, store=store)
         if taken is not True:
             ray.kill(store, no_restart=True)  # the replica died meanwhile: its failover is done
             return
         self.stores[replica_id] = store
+        await CheckpointStoreClient(store).follow(replica=replica, replica_node=desc.node_id)
         self.replaced += 1
         log.warning("a new checkpoint store follows %s", replica_id)
