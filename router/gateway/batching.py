@@ -6,8 +6,9 @@ call: under load, one actor call (one message, one command on the replica's engi
 carries many requests; when idle, no request waits for another. With ``max_in_flight`` 2 a
 request that arrives just after a call went out does not wait for that call's round trip (a
 turn submitted behind a batch in flight would pay up to two); the calls in flight are
-independent, so requests whose order matters must not share such a batcher. ``send(requests)`` returns one result per request, in order, or one
-``ActorError`` for all of them; if it raises, every request of the batch gets the exception.
+independent, so requests whose order matters must not share such a batcher.
+``send(requests)`` returns one result per request, in order, or one ``ActorError`` for all of
+them; if it raises, every request of the batch gets the exception.
 
 A request's caller may be cancelled while its request is in flight; the request still runs (an
 actor call cannot be taken back), and ``submit`` returns a task the caller can hand to a cleanup
