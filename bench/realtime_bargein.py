@@ -18,7 +18,11 @@ and beside them how late the shared event loop wakes a 10 ms sleep (the wait eve
 the gateway pays on top of its own work) and the round trip of an actor call that does no work
 (``ping``) from the gateway's process to the replica, sampled through the run: the floor of
 each hop a cancel (one call, then the turn's end on the output stream) or a restart (the
-prompt's render, then the fork-and-submit) makes. Goal: both latencies under 2 engine steps at p50.
+prompt rendered in the fork-and-submit) makes. Two more floors (``bench.realtime_floors``): an
+actor that answers a call and puts an item of a turn's end's shape on a long-lived stream, no
+engine (a cancel's replica hops and nothing else), and a WebSocket round trip through the
+gateway that no replica answers (``conversation.item.retrieve``). Goal: both latencies under 2
+engine steps at p50.
 
 Run: ``python -m bench.realtime_bargein [--quick] [--sockets N] [--no-checkpoints]``
 (``--no-checkpoints``: without session checkpoints, so a turn's last chunk is not held until
@@ -40,6 +44,7 @@ from bench.harness import cli
 from bench.harness.cluster import local_cluster
 from bench.harness.report import Goal, Table, number, print_goals
 from bench.harness.stats import Spread, p50, p99
+from bench.realtime_floors import echo_floor, ws_round_trip
 from bench.realtime_steps import direct_decode_step_ms
 from replica.actor.client import ReplicaClient
 from tests.support.chat_peer import save_long_reply_peer
@@ -59,13 +64,13 @@ class Samples:
     steps: list[float] = dataclasses.field(default_factory=list)
     lags: list[float] = dataclasses.field(default_factory=list)
     pings: list[float] = dataclasses.field(default_factory=list)
+    echo_calls: list[float] = dataclasses.field(default_factory=list)
+    echo_items: list[float] = dataclasses.field(default_factory=list)
+    ws: list[float] = dataclasses.field(default_factory=list)
 
     def extend(self, other: Samples) -> None:
-        self.cancels += other.cancels
-        self.restarts += other.restarts
-        self.steps += other.steps
-        self.lags += other.lags
-        self.pings += other.pings
+        for field in dataclasses.fields(self):
+            getattr(self, field.name).extend(getattr(other, field.name))
 
 
 async def loop_lag(lags: list[float], tick_s: float = 0.01) -> None:
@@ -119,6 +124,8 @@ async def one_socket(client: openai.AsyncOpenAI, model: str, rounds: int) -> Sam
             done = await until(conn, "response.done")
             samples.cancels.append((time.perf_counter() - sent) * 1000)
             assert done.response.status == "cancelled", done.response.status
+            if done.response.output:  # the cut reply: retrieved, a round trip of the socket alone
+                samples.ws.append(await ws_round_trip(conn, done.response.output[0].id))
             sent = time.perf_counter()
             await conn.conversation.item.create(item=message(f"and then {i}?"))
             await conn.response.create()
@@ -151,11 +158,13 @@ async def measure(args: argparse.Namespace) -> tuple[list[Spread], Samples, floa
                 rep = Samples()
                 lag = asyncio.ensure_future(loop_lag(rep.lags))
                 ping = asyncio.ensure_future(actor_pings(replica, rep.pings))
+                echo = asyncio.ensure_future(echo_floor(rep.echo_calls, rep.echo_items))
                 runs = await asyncio.gather(
                     *(one_socket(client, model, rounds) for _ in range(args.sockets))
                 )
-                lag.cancel()
-                ping.cancel()
+                for task in (lag, ping, echo):
+                    task.cancel()
+                await asyncio.gather(echo, return_exceptions=True)
                 for run in runs:
                     rep.extend(run)
                 for i, values in enumerate((rep.cancels, rep.restarts, rep.steps)):
@@ -190,6 +199,13 @@ def report(args: argparse.Namespace, spreads: list[Spread], pooled: Samples, ste
               number(p99(pooled.pings), ".1f"), len(pooled.pings),
               number(p50(pooled.pings) / seen_step.median), number(p50(pooled.pings) / step),
               )  # fmt: skip
+    for name, values in (
+        ("floor: actor call, no engine (EchoStream.poke)", pooled.echo_calls),
+        ("floor: actor call -> stream item, no engine", pooled.echo_items),
+        ("floor: websocket round trip, no replica", pooled.ws),
+    ):
+        table.add(name, number(p50(values), ".1f"), number(p99(values), ".1f"), len(values),
+                  number(p50(values) / seen_step.median), number(p50(values) / step))  # fmt: skip
     table.print()
     print("  p50: median (min–max) over repetitions; p99 pooled over them")
     return [

@@ -280,8 +280,9 @@ class OpenedBatch:
 # (session_id, idle_timeout_s, gateway_id, tenant, lease_s[, prefix]); prefix: None, the text or
 # the token ids the session starts holding (``SessionOps.open_session``)
 OpenArgs = tuple
-# (session_id, text | None, token_ids | None, SamplingParams[, ForkArgs]); with ForkArgs the
-# session is forked first, in the same command (``replica.actor.batch_calls.fork_then_submit``)
+# (session_id, text | ChatInput | None, token_ids | None, SamplingParams[, ForkArgs]); with
+# ForkArgs the session is forked first, in the same command
+# (``replica.actor.batch_calls.fork_then_submit``); a ChatInput is rendered in the same call
 TurnArgs = tuple
 # (child_id, lease_s[, replaces]): the fork's id, its stream lease (0: none), and the session it
 # replaces (the previous rollback point), released first in the same command
@@ -526,6 +527,29 @@ class ChatPrompt:
 
     token_ids: list[int]
     reused_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ChatInput:
+    """A turn's input given as a conversation (in a ``TurnArgs``' text place): the replica
+    renders it with the chat template and tokenizes it in the submit's own call, so a chat turn
+    costs one round trip, not a render's and then a submit's. With ``prior_ids`` (the tokens
+    the session holds) only what follows their text is fed, and the turn goes only when the
+    rendering begins with that text; otherwise nothing is done (``RenderedTurn.turn`` None:
+    the caller replays the conversation into a fresh session)."""
+
+    messages: list[dict[str, str]]
+    prior_ids: list[int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedTurn:
+    """The result of a ``ChatInput`` turn: the prompt it was rendered to, and the turn's id (a
+    ``ForkedTurn`` for one that asked for a fork), or None when the rendering does not continue
+    the ``prior_ids`` given (nothing was submitted, forked or released)."""
+
+    prompt: ChatPrompt
+    turn: int | ForkedTurn | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ from replica.api import (
     OpenedBatch,
     PoolSnapshot,
     ReleaseReason,
+    RenderedTurn,
     ReplicaDescription,
     SamplingParams,
     SessionInfo,
@@ -111,7 +112,7 @@ class ReplicaClient:
 
     async def submit_turns(
         self, *, gateway_id: str, turns: list[TurnArgs]
-    ) -> list[int | ForkedTurn | ActorError] | ActorError:
+    ) -> list[int | ForkedTurn | RenderedTurn | ActorError] | ActorError:
         return await self.handle.submit_turns.remote(gateway_id, turns)
 
     async def submit_turn(

@@ -42,6 +42,7 @@ from replica.api import (
     OpenedBatch,
     PoolSnapshot,
     ReleaseReason,
+    RenderedTurn,
     ReplicaDescription,
     SamplingParams,
     SessionInfo,
@@ -87,7 +88,7 @@ class ReplicaActor:
             replica_id, config, self.engine, self.host, model.chat_prompts, self.outputs
         )
         self.sessions = SessionCalls(self.engine, self.host, faults)
-        self.turns = TurnCalls(self.engine, self.host, model.tokenizer, faults)
+        self.turns = TurnCalls(self.engine, self.host, model.tokenizer, model.chat_prompts, faults)
         self.moves = MoveCalls(self.engine, self.host, self.checkpoints, faults)
         registration = Registration(self.status, self.sessions, self.host, self.checkpoints)
         self.reporter: RouterReporter | None = None
@@ -186,7 +187,7 @@ class ReplicaActor:
 
     async def submit_turns(
         self, gateway_id: str, turns: list[TurnArgs]
-    ) -> list[int | ForkedTurn | ActorError] | ActorError:
+    ) -> list[int | ForkedTurn | RenderedTurn | ActorError] | ActorError:
         return await self.turns.submit_turns(gateway_id, turns)
 
     async def submit_turn(

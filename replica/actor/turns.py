@@ -14,50 +14,94 @@ from typing import TYPE_CHECKING
 
 from replica.actor.batch_calls import submit_batch
 from replica.actor.engine_host import EngineHost
-from replica.api import ActorError, ForkedTurn, SamplingParams, StatusCode, TurnArgs
+from replica.api import (
+    ActorError,
+    ChatInput,
+    ChatPrompt,
+    ForkedTurn,
+    InvalidRequestError,
+    RenderedTurn,
+    SamplingParams,
+    StatusCode,
+    TurnArgs,
+)
 from replica.failpoints import CallFaults
 
 if TYPE_CHECKING:
     from replica.engine.engine import Engine
+    from replica.generation.chat_prompts import ChatPrompts
     from replica.model import Tokenizer
+
+TurnResult = int | ForkedTurn | RenderedTurn | ActorError
+# the engine's input of a chat turn that does not continue the state it names: passed over by
+# ``submit_batch`` as a refusal would be, answered ``RenderedTurn(prompt, None)``
+NOT_FED = ActorError(StatusCode.FAILED_PRECONDITION, "the rendering does not continue the state")
 
 
 class TurnCalls:
     def __init__(
-        self, engine: Engine, host: EngineHost, tokenizer: Tokenizer, call_faults: CallFaults
+        self,
+        engine: Engine,
+        host: EngineHost,
+        tokenizer: Tokenizer,
+        chat_prompts: ChatPrompts,
+        call_faults: CallFaults,
     ) -> None:
         self.engine = engine
         self.host = host
         self.tokenizer = tokenizer
+        self.chat_prompts = chat_prompts
         self.call_faults = call_faults
 
     async def submit_turns(
         self, gateway_id: str, turns: list[TurnArgs]
-    ) -> list[int | ForkedTurn | ActorError] | ActorError:
+    ) -> list[TurnResult] | ActorError:
         """Queue turns, each ``(session_id, text, token_ids, sampling[, (child_id, lease_s)])``
-        (text or tokens); each result is its turn id or its refusal. A turn given a fork's
-        ``(child_id, lease_s)`` forks its session first, in the same engine command (the fork is
-        the state before the turn; ``batch_calls.fork_then_submit``), and its result is a
-        ``ForkedTurn``. Their events go to ``gateway_id``'s stream. Text is tokenised on a
-        worker thread: a long text must not hold up the actor's event loop, which answers
+        (text, a ``ChatInput`` or tokens); each result is its turn id or its refusal. A turn
+        given a fork's ``(child_id, lease_s)`` forks its session first, in the same engine
+        command (the fork is the state before the turn; ``batch_calls.fork_then_submit``), and
+        its result is a ``ForkedTurn``; a ``ChatInput`` turn's is a ``RenderedTurn`` holding
+        that. Their events go to ``gateway_id``'s stream. Text is tokenised (a chat rendered) on
+        a worker thread: a long text must not hold up the actor's event loop, which answers
         health probes and pushes snapshots."""
         self.call_faults.trip("submit_turns")
         if any(turn[1] is not None for turn in turns):
-            inputs = await asyncio.to_thread(self._turn_inputs, turns)
+            inputs, prompts = await asyncio.to_thread(self._turn_inputs, turns)
         else:
-            inputs = self._turn_inputs(turns)
-        return await self.host.call(submit_batch, self.engine, gateway_id, inputs)
+            inputs, prompts = self._turn_inputs(turns)
+        results = await self.host.call(submit_batch, self.engine, gateway_id, inputs)
+        if isinstance(results, ActorError) or not any(prompts):
+            return results
+        return [rendered(result, prompt) for result, prompt in zip(results, prompts, strict=True)]
 
-    def _turn_inputs(self, turns: list[TurnArgs]) -> list:
-        inputs = []
+    def _turn_inputs(self, turns: list[TurnArgs]) -> tuple[list, list[ChatPrompt | None]]:
+        """The engine's input of each turn (or its refusal), and the prompt of each chat turn."""
+        inputs, prompts = [], []
         for session_id, text, token_ids, sampling, *fork in turns:
+            prompt = None
             if text is not None and token_ids is not None:
                 why = "give either text or tokens, not both"
                 inputs.append(ActorError(StatusCode.INVALID_ARGUMENT, why))
-                continue
-            ids = self.tokenizer.encode(text) if text is not None else list(token_ids or [])
-            inputs.append((session_id, ids, sampling, *fork))
-        return inputs
+            elif isinstance(text, ChatInput):
+                prompt, ids = self._render(text)
+                refused = isinstance(ids, ActorError)
+                inputs.append(ids if refused else (session_id, ids, sampling, *fork))
+            else:
+                ids = self.tokenizer.encode(text) if text is not None else list(token_ids or [])
+                inputs.append((session_id, ids, sampling, *fork))
+            prompts.append(prompt)
+        return inputs, prompts
+
+    def _render(self, chat: ChatInput) -> tuple[ChatPrompt | None, list[int] | ActorError]:
+        """A chat turn's prompt and the ids it feeds; NOT_FED when it does not continue its
+        ``prior_ids``, the refusal when the template refuses the conversation."""
+        try:
+            prompt = self.chat_prompts.prompt(chat.messages, chat.prior_ids)
+        except InvalidRequestError as exc:
+            return None, exc.to_actor_error()
+        if chat.prior_ids and prompt.reused_tokens != len(chat.prior_ids):
+            return prompt, NOT_FED
+        return prompt, prompt.token_ids
 
     async def submit_turn(
         self,
@@ -89,3 +133,11 @@ class TurnCalls:
         self, session_id: str, why: str = "cancelled by the client", turn_id: int | None = None
     ) -> bool | ActorError:
         return await self.host.call(self.engine.cancel, session_id, why, turn_id)
+
+
+def rendered(result: TurnResult, prompt: ChatPrompt | None) -> TurnResult:
+    """A turn's result as its caller gets it: a chat turn's (``prompt``) in a ``RenderedTurn``
+    (turn None: it was not fed), a refusal as it is."""
+    if prompt is None or (isinstance(result, ActorError) and result is not NOT_FED):
+        return result
+    return RenderedTurn(prompt, None if result is NOT_FED else result)

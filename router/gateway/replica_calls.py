@@ -26,6 +26,10 @@ from replica.api import (
 )
 from router.gateway.batching import CallBatcher
 
+# a turn submitted just after a batch went out goes at once in a second call rather than waiting
+# for that one's round trip (submissions of one session never overlap: its inbox is claimed)
+SUBMITS_IN_FLIGHT = 2
+
 
 class Release(NamedTuple):
     """What a release found: whether the session was open here (and is released now), the
@@ -41,7 +45,7 @@ class ReplicaCalls:
         self.gateway_id = gateway_id
         self.replica = ReplicaClient(handle)
         self.opens = CallBatcher(self._open)
-        self.submits = CallBatcher(self._submit)
+        self.submits = CallBatcher(self._submit, SUBMITS_IN_FLIGHT)
         self._closes: dict[ReleaseReason, CallBatcher] = {}
 
     async def _open(self, requests: list[OpenArgs]) -> list[tuple] | ActorError:

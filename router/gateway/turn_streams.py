@@ -27,9 +27,12 @@ from typing import Any
 
 from protos import session_router_pb2 as pb
 from replica.api import (
+    ChatInput,
+    ChatPrompt,
     ForkArgs,
     ForkedTurn,
     ReleaseReason,
+    RenderedTurn,
     SamplingParams,
     SessionInfo,
     StatusCode,
@@ -74,15 +77,16 @@ class TurnStreams:
     async def start(
         self,
         route: Route,
-        text: str | None,
+        text: str | ChatInput | None,
         ids: list[int] | None,
         sampling: SamplingParams,
         fork: ForkArgs | None = None,
     ) -> TurnStream:
-        """A turn (text or token ids) submitted on ``route``'s session (with ``fork``, the
-        session forked first in the same replica command: ``TurnStream.forked``);
+        """A turn (text, a chat to render, or token ids) submitted on ``route``'s session (with
+        ``fork``, the session forked first in the same replica command: ``TurnStream.forked``);
         ``TurnStream.chunks`` streams it and ``TurnStream.end`` must follow. Raises ``Refused``
-        when it is refused, with nothing left held."""
+        when it is refused (``NotContinued``: a chat that does not continue the state it
+        names), with nothing left held."""
         stream = self.claim(route)
         try:
             await stream.submit(text, ids, sampling, fork)
@@ -131,6 +135,7 @@ class TurnStream:
         self.first = False  # its first token is still to come
         self.ended = False
         self.forked: ForkedTurn | None = None  # the last submit's, when it asked for a fork
+        self.prompt: ChatPrompt | None = None  # the last submit's, when it was a chat
 
     async def take(self) -> list[Any]:
         """Everything put in the inbox since the last take (waits for one item)."""
@@ -142,7 +147,7 @@ class TurnStream:
 
     async def submit(
         self,
-        text: str | None,
+        text: str | ChatInput | None,
         ids: list[int] | None,
         sampling: SamplingParams,
         fork: ForkArgs | None = None,
@@ -150,10 +155,12 @@ class TurnStream:
         """Queue a turn (text or token ids) where the session is; its turn id. With ``fork``
         (``(child_id, lease_s)``) the replica forks the session there first, in the same
         command: ``forked`` then says what became of it. Raises ``Refused``
-        when the turn is refused (the replica released the fork it made). A call cancelled
+        when the turn is refused (the replica released the fork it made). A ``ChatInput`` is
+        rendered by the replica in the same call (``prompt``: what it came to); ``NotContinued``
+        when it does not continue its ``prior_ids`` (nothing was done). A call cancelled
         while the submission is in flight leaves no fork behind: it is released once it lands.
         """
-        if text is not None and len(text.encode("utf-8", "surrogatepass")) > MAX_TEXT_BYTES:
+        if isinstance(text, str) and len(text.encode("utf-8", "surrogatepass")) > MAX_TEXT_BYTES:
             raise Refused(StatusCode.INVALID_ARGUMENT, f"text longer than {MAX_TEXT_BYTES} bytes")
         args = (text, ids, sampling) if fork is None else (text, ids, sampling, fork)
         call = self.streams.follower.on_session(
@@ -171,6 +178,10 @@ class TurnStream:
                 self.streams.background.spawn(self.streams.release_fork(submitting))
                 raise
         self.follow(route)
+        if type(result) is RenderedTurn:
+            self.prompt, result = result.prompt, result.turn
+            if result is None:
+                raise NotContinued()
         turn_id, self.forked = result, None
         if type(result) is ForkedTurn:
             turn_id, self.forked = result.turn_id, result
@@ -229,3 +240,12 @@ class TurnStream:
         if not self.ended:
             self.ended = True
             self.streams.delivery.release(self.inbox)
+
+
+class NotContinued(Refused):
+    """A chat turn's rendering does not begin with the text of the state it names (the template
+    rewrote the past, or the state is not the conversation's): nothing was submitted."""
+
+    def __init__(self) -> None:
+        why = "the rendering does not continue the state"
+        super().__init__(StatusCode.FAILED_PRECONDITION, why)

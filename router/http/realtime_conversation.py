@@ -4,12 +4,13 @@ its state.
 The items are kept as the client sees them; the session holds the token ids of the chat
 template's rendering of the items folded so far (``folded``), replies exactly as generated
 (a cut reply: exactly the tokens its ``response.done`` reported). A response's prompt is the
-rendering of the whole conversation past the text of those tokens (``chat_prompt`` with
-``prior_ids``): only the new part is fed, and a cut assistant message is closed the way the
-template closes it. Before each response the session is forked (``checkpoint``): deleting that
-response's items switches to the fork, an exact rollback. Anything else that makes the state
-disagree with the rendering (deleting further back, new instructions, a lost state) is
-``stale``: the next response replays the whole rendering into a fresh session.
+rendering of the whole conversation past the text of those tokens (``chat_input``: rendered by
+the replica in the submit's own call, with ``prior_ids``): only the new part is fed, and a cut
+assistant message is closed the way the template closes it. Before each response the session
+is forked (``checkpoint``): deleting that response's items switches to the fork, an exact
+rollback. Anything else that makes the state disagree with the rendering (deleting further
+back, new instructions, a lost state) is ``stale``: the next response replays the whole
+rendering into a fresh session.
 
 The connection owns every session here: ``close`` releases them all (idempotent).
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from protos import session_router_pb2 as pb
-from replica.api import ChatPrompt, ReleaseReason
+from replica.api import ChatInput, ChatPrompt, ReleaseReason
 from router.control.api import Route
 from router.gateway.convert import Refused
 from router.gateway.stream_leases import LEASE_S
@@ -57,18 +58,18 @@ class LiveConversation:
         chat = ({"role": i["role"], "content": item_text(i)} for i in self.items[:upto])
         return [*system, *chat]
 
-    async def prompt(self, instructions: str, upto: int) -> ChatPrompt:
-        """The prompt of a response to ``items[:upto]``; replays into a fresh session when the
-        state held does not begin the rendering."""
-        messages = self.messages(instructions, upto)
-        if not self.stale and self.held:
-            prompt = await self.turns.chat_prompt(messages, self.held)
-            if prompt.reused_tokens == len(self.held):
-                return prompt
+    def chat_input(self, instructions: str, upto: int) -> ChatInput:
+        """The input of a response to ``items[:upto]``: the conversation, continuing the tokens
+        the session holds (the replica feeds only what follows their text, or nothing when the
+        rendering does not begin with it: then ``replay`` and submit again)."""
+        return ChatInput(self.messages(instructions, upto), list(self.held) or None)
+
+    async def replay(self) -> None:
+        """Start over in a fresh session (holding nothing) when the state held is not the
+        rendering's beginning (``stale``, or a chat input that did not continue it)."""
         if self.held or self.stale:
             await self._replace(await open_leased(self.turns, self.tenant))
             self.held, self.folded, self.stale = [], 0, False
-        return await self.turns.chat_prompt(messages)
 
     def started(self, fork: Route | None, route: Route) -> None:
         """A response was submitted on ``route`` (the session may have moved there), with

@@ -17,8 +17,9 @@ from typing import Any
 from replica.api import ChatPrompt, SamplingParams
 from router.gateway.convert import Refused
 from router.gateway.stream_leases import LEASE_S
+from router.gateway.turn_streams import NotContinued
 from router.http.errors import ApiError
-from router.http.realtime_conversation import LiveConversation
+from router.http.realtime_conversation import Checkpoint, LiveConversation
 from router.http.realtime_events import message_item, new_id, server_event, usage
 from router.http.realtime_metrics import RealtimeMetrics
 from router.http.realtime_outbox import Outbox
@@ -152,31 +153,44 @@ class ResponseRun:
         put(server_event("response.done", response=response))
 
     async def _submit(self, instructions: str, index: int) -> ChatPrompt:
-        """Render the prompt and submit the turn (``self.stream``). The new rollback point is
-        forked by the replica in the submit's own command, which releases the previous one
-        first (its room is the new one's): no round trip, and no step boundary, of their own
-        before the prefill."""
+        """Submit the turn (``self.stream``) with the conversation, which the replica renders
+        in the same call; its prompt. The new rollback point is forked by the replica in the
+        submit's own command, which releases the previous one first (its room is the new
+        one's): no round trip, and no step boundary, of their own before the prefill. A
+        rendering that does not continue the state held (the template rewrote the past) is
+        submitted again into a fresh session, with the whole conversation."""
         conv = self.conv
         previous, conv.checkpoint = conv.checkpoint, None
         replaced = False
         try:
-            prompt = await conv.prompt(instructions, index)
-            if self.cancelled:  # cancelled before its turn was submitted
-                raise Cancelled()
-            here = previous is not None and previous.route.replica_id == conv.route.replica_id
-            self.stream = await self.turns.start(
-                conv.route,
-                SamplingParams(max_new_tokens=self.limit),
-                prompt.token_ids,
-                fork_lease_s=LEASE_S,
-                replaces=previous.route.session_id if here else None,
-            )
+            if conv.stale:
+                await conv.replay()
+            try:
+                self.stream = await self._start(instructions, index, previous)
+            except NotContinued:
+                await conv.replay()
+                self.stream = await self._start(instructions, index, previous)
             replaced = self.stream.replaced
         finally:
             if previous is not None:
                 conv.retire(previous.route, replaced)
         conv.started(self.stream.fork, self.stream.route)
-        return prompt
+        return self.stream.prompt
+
+    async def _start(self, instructions: str, index: int, previous: Checkpoint | None):
+        """The turn of the conversation's ``items[:index]`` on its session, forked first in
+        the same command, ``previous`` (a rollback point on that replica) released first."""
+        if self.cancelled:  # cancelled before its turn was submitted
+            raise Cancelled()
+        conv = self.conv
+        here = previous is not None and previous.route.replica_id == conv.route.replica_id
+        return await self.turns.start(
+            conv.route,
+            SamplingParams(max_new_tokens=self.limit),
+            text=conv.chat_input(instructions, index),
+            fork_lease_s=LEASE_S,
+            replaces=previous.route.session_id if here else None,
+        )
 
     def _forget(self, item_id: str) -> None:
         """A response that produced nothing leaves no item behind."""

@@ -17,6 +17,7 @@ from protos import session_router_pb2 as pb
 from replica.actor.client import ReplicaClient
 from replica.api import (
     ActorError,
+    ChatInput,
     ChatPrompt,
     FinishReason,
     ModelCard,
@@ -27,7 +28,7 @@ from replica.api import (
 from router.control.api import Route
 from router.gateway.convert import Refused
 from router.gateway.gateway import Gateway
-from router.gateway.turn_streams import TurnStream
+from router.gateway.turn_streams import NotContinued, TurnStream
 from router.http.errors import ApiError
 
 FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length",
@@ -114,7 +115,7 @@ class Turns:
         route: Route,
         sampling: SamplingParams,
         token_ids: list[int] | None = None,
-        text: str | None = None,
+        text: str | ChatInput | None = None,
         fork_lease_s: float | None = None,
         replaces: str | None = None,
     ) -> StartedTurn:
@@ -124,12 +125,17 @@ class Turns:
         same command, just before the turn, having released ``replaces`` first (a session of
         the caller's on that replica: the fork takes its room): ``StartedTurn.fork`` is that
         fork (the state before the turn, on the replica that answered), or None when it had no
-        room for one, and ``StartedTurn.replaced`` whether ``replaces`` was released there."""
+        room for one, and ``StartedTurn.replaced`` whether ``replaces`` was released there. A
+        ``ChatInput`` text is rendered by the replica in the submit's call
+        (``StartedTurn.prompt``); ``NotContinued`` (not an ``ApiError``) when it does not
+        continue the state it names."""
         fork = None
         if fork_lease_s is not None:
             fork = (secrets.token_hex(16), fork_lease_s, replaces)
         try:
             turn = await self.gw.turns.start(route, text, token_ids, sampling, fork)
+        except NotContinued:
+            raise
         except Refused as exc:
             raise ApiError.of(exc.code, str(exc)) from None
         forked, replaced = None, False
@@ -143,10 +149,12 @@ class Turns:
 class StartedTurn:
     """A submitted turn; ``outputs`` must be iterated (or ``cancel`` called) to release it.
     ``fork``: the fork asked for with it, when one was made (its caller owns it); ``replaced``:
-    the session that fork replaces was released by the same command."""
+    the session that fork replaces was released by the same command; ``prompt``: what a chat
+    turn was rendered to."""
 
     def __init__(self, turn: TurnStream, fork: Route | None = None, replaced: bool = False) -> None:
         self.turn = turn
+        self.prompt = turn.prompt
         self.fork = fork
         self.replaced = replaced
         self.out = TurnOutput()
