@@ -125,7 +125,7 @@ def test_a_long_text_is_tokenised_off_the_replicas_event_loop(served):
     """Tokenising megabytes of text takes seconds; meanwhile the replica still answers its
     health probes at once (the stale-replica check relies on them)."""
     server, tok = served.server, served.tok
-    text = " ".join(CORPUS) * 1200  # about 3 MB: the gateway's limit is not in the way here
+    text = " ".join(CORPUS) * 500  # about 1.8 MB: the gateway's limit is not in the way here
     long_enough = text[: LONG_TEXT_CHARS + 100]  # encoded the GIL-free way, to the same ids
     assert tok.encode(long_enough) == tok.backend.encode(long_enough, add_special_tokens=False).ids
     started = time.perf_counter()

@@ -91,7 +91,6 @@ class Fleet:
                         num_gpus=ask["GPU"],
                         num_cpus=ask["CPU"],
                         max_concurrency=10_000,
-                        runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads)}},
                     )
                     .remote(replica_id, replica_config, self.router)
                 )

@@ -14,7 +14,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -144,6 +145,16 @@ class ServeProcess:
             kill_session(self.proc.pid)
 
 
+def _finish_reasons(streaming: Iterator) -> list:
+    """The finish reasons of the rest of a turn's stream, or [code] when it ends with UNAVAILABLE
+    or CANCELLED (a server that stops may cut it off after its grace period)."""
+    try:
+        return [chunk.finish_reason for chunk in streaming if chunk.finish_reason]
+    except grpc.RpcError as exc:
+        assert exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), exc
+        return [exc.code()]
+
+
 def stop_with_sessions_open(
     serve: ServeProcess, sig: signal.Signals, sessions: int = 2, turn_tokens: int = 400
 ) -> None:
@@ -154,20 +165,21 @@ def stop_with_sessions_open(
         opened = [client.open(timeout=30) for _ in range(sessions)]
         streaming = opened[0].generate(tokens=[1, 2, 3], max_new_tokens=turn_tokens, timeout=60)
         next(streaming)
-        serve.proc.send_signal(sig)
-        try:
-            code = serve.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            code = None
-        deadline = time.monotonic() + 10  # ray.shutdown() has signalled them; give them time
-        while (left := session_pids(serve.proc.pid)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        serve.stop()
-        try:  # ends: finished within the server's grace period, or cut off with it
-            reasons = [chunk.finish_reason for chunk in streaming if chunk.finish_reason]
-            assert reasons, "the streaming turn ended without a last chunk or an error"
-        except grpc.RpcError as exc:
-            assert exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), exc
+        # read as a client does: a stream nobody reads holds the server's grace period open
+        with ThreadPoolExecutor(1) as pool:
+            ending = pool.submit(_finish_reasons, streaming)
+            serve.proc.send_signal(sig)
+            try:
+                code = serve.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                code = None
+            deadline = time.monotonic() + 10  # ray.shutdown() has signalled them; give them time
+            while (left := session_pids(serve.proc.pid)) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            serve.stop()
+            # ends: finished within the server's grace period, or cut off with it
+            ended = ending.result(timeout=30)
+            assert ended, "the streaming turn ended without a last chunk or an error"
     log = tail(serve.log)
     assert code == 0, f"serve did not exit 0 within 30 s of {sig.name} ({code}):\n{log}"
     assert f"stopped; {sessions} sessions released" in log, log
