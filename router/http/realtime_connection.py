@@ -24,6 +24,7 @@ from router.http.realtime_events import (
     created_item,
     error_event,
     new_id,
+    refuse_truncate,
     response_limit,
     server_event,
     session_update,
@@ -179,6 +180,9 @@ class RealtimeConnection:
         self.conv.delete(len(items) - 1)
         self.outbox.put(server_event("conversation.item.deleted", item_id=item_id))
 
+    async def _item_truncate(self, event: dict[str, Any]) -> None:
+        refuse_truncate(event, self.conv.items)  # text only: delete + create keeps what was heard
+
     async def _item_retrieve(self, event: dict[str, Any]) -> None:
         item_id = client_string(event, "item_id")
         for item in self.conv.items:
@@ -208,6 +212,7 @@ HANDLERS = {
     "conversation.item.create": RealtimeConnection._item_create,
     "conversation.item.delete": RealtimeConnection._item_delete,
     "conversation.item.retrieve": RealtimeConnection._item_retrieve,
+    "conversation.item.truncate": RealtimeConnection._item_truncate,
     "response.create": RealtimeConnection._response_create,
     "response.cancel": RealtimeConnection._response_cancel,
 }

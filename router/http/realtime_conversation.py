@@ -8,9 +8,10 @@ rendering of the whole conversation past the text of those tokens (``chat_input`
 the replica in the submit's own call, with ``prior_ids``): only the new part is fed, and a cut
 assistant message is closed the way the template closes it. Before each response the session
 is forked (``checkpoint``): deleting that response's items switches to the fork, an exact
-rollback. Anything else that makes the state disagree with the rendering (deleting further
-back, new instructions, a lost state) is ``stale``: the next response replays the whole
-rendering into a fresh session.
+rollback (an assistant item the client then creates, the part of a cut reply the user heard,
+is fed like any item: only that part enters the state). Anything else that makes the state
+disagree with the rendering (deleting further back, new instructions, a lost state) is
+``stale``: the next response replays the whole rendering into a fresh session.
 
 The connection owns every session here: ``close`` releases them all (idempotent).
 """

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NoReturn
 
 from router.http.errors import ApiError, invalid
 
 SESSION_FIELDS = {"type", "model", "instructions", "output_modalities", "max_output_tokens"}
 RESPONSE_FIELDS = {"output_modalities", "max_output_tokens", "conversation", "metadata"}
 ITEM_FIELDS = {"id", "type", "role", "content", "object", "status"}
-ITEM_ROLES = ("user", "system")
+PART_TYPES = {"user": "input_text", "system": "input_text", "assistant": "output_text"}
 MAX_ID_CHARS = 64
 MAX_OUTPUT_TOKENS = 1 << 20
 
@@ -125,7 +125,9 @@ def message_item(item_id: str, role: str, text: str, status: str = "completed") 
 
 
 def created_item(event: dict[str, Any], taken: set[str]) -> dict[str, Any]:
-    """The item of ``conversation.item.create``: a user or system message of text parts."""
+    """The item of ``conversation.item.create``: a message of text parts, ``input_text`` for a
+    user or system message, ``output_text`` for an assistant one (what the user heard of a
+    reply: it enters the state only when a response renders it)."""
     item = event.get("item")
     if not isinstance(item, dict):
         raise invalid("'item' must be an object", "item")
@@ -135,17 +137,20 @@ def created_item(event: dict[str, Any], taken: set[str]) -> dict[str, Any]:
     if item.get("type") != "message":
         raise invalid("only 'message' items are supported (no function calls)", "item.type",
                       "unsupported_parameter")  # fmt: skip
-    if item.get("role") not in ITEM_ROLES:
-        raise invalid("'item.role' must be user or system", "item.role", "unsupported_parameter")
+    role = item.get("role")
+    part_type = PART_TYPES.get(role) if isinstance(role, str) else None  # a list is unhashable
+    if part_type is None:
+        raise invalid("'item.role' must be user, system or assistant", "item.role",
+                      "unsupported_parameter")  # fmt: skip
     content = item.get("content")
     if not isinstance(content, list) or not content:
-        raise invalid("'item.content' must be a non-empty list of input_text parts",
+        raise invalid(f"'item.content' must be a non-empty list of {part_type} parts",
                       "item.content")  # fmt: skip
     texts = []
     for i, part in enumerate(content):
         where = f"item.content[{i}]"
-        if not isinstance(part, dict) or part.get("type") != "input_text":
-            raise invalid(f"'{where}' must be an input_text part (text only)", where,
+        if not isinstance(part, dict) or part.get("type") != part_type:
+            raise invalid(f"'{where}' must be an {part_type} part (text only)", where,
                           "unsupported_parameter")  # fmt: skip
         if not isinstance(part.get("text"), str) or set(part) - {"type", "text"}:
             raise invalid(f"'{where}' takes only a 'text' string", where)
@@ -154,7 +159,41 @@ def created_item(event: dict[str, Any], taken: set[str]) -> dict[str, Any]:
     if not isinstance(item_id, str) or len(item_id) > MAX_ID_CHARS or item_id in taken:
         raise invalid(f"'item.id' must be a new string of at most {MAX_ID_CHARS} characters",
                       "item.id")  # fmt: skip
-    return message_item(item_id, item["role"], "".join(texts))
+    return message_item(item_id, role, "".join(texts))
+
+
+def refuse_truncate(event: dict[str, Any], items: list[dict[str, Any]]) -> NoReturn:
+    """Refuse ``conversation.item.truncate`` (an ``ApiError``, always): it cuts a reply's
+    *audio* at ``audio_end_ms`` and drops the transcript past it, and this server's replies are
+    text, with no audio to cut. The API answers a truncate of a message without audio with
+    ``unsupported_content_type`` ("Only model output audio messages can be truncated"); the
+    message says how a text client keeps only what was heard instead. A malformed event is
+    refused on its first bad field, as any event."""
+    item_id = client_string(event, "item_id")
+    item = next((i for i in items if i["id"] == item_id), None)
+    if item is None:
+        raise invalid(f"no item {item_id!r} in the conversation", "item_id", "item_not_found")
+    if item["role"] != "assistant":
+        raise invalid("only assistant messages can be truncated", "item_id",
+                      "unsupported_content_type")  # fmt: skip
+    index = event.get("content_index")
+    if not is_count(index) or index >= len(item["content"]):
+        raise invalid("'content_index' must name a content part of the item (0)",
+                      "content_index")  # fmt: skip
+    if not is_count(event.get("audio_end_ms")):
+        raise invalid("'audio_end_ms' must be a non-negative integer", "audio_end_ms")
+    raise invalid(
+        "only model output audio messages can be truncated: this item is text, with no audio "
+        "to cut at audio_end_ms. To keep only the text the user heard, delete the item "
+        "(conversation.item.delete: the last response's reply rolls the state back exactly) "
+        "and create an assistant message of that text (conversation.item.create, an "
+        "output_text part)",
+        "audio_end_ms", "unsupported_content_type",
+    )  # fmt: skip
+
+
+def is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def item_text(item: dict[str, Any]) -> str:
