@@ -23,7 +23,15 @@ from __future__ import annotations
 import logging
 import os
 
-from router.ops import ray_join
+if worker := os.environ.get("PYTEST_XDIST_WORKER"):
+    # scripts/test.sh runs two xdist workers, each module whole on one (--dist loadfile). Ray
+    # keeps "the machine's cluster" (what `--address auto` joins, and what a dead `ray start`
+    # leaves behind) under $TMPDIR/ray: each worker, and every process it starts, has a TMPDIR
+    # of its own, so that one worker's `ray start` clusters are not the other's machine.
+    os.environ["TMPDIR"] = os.path.join("/tmp", f"session-router-tests-{worker}")
+    os.makedirs(os.environ["TMPDIR"], exist_ok=True)
+
+from router.ops import ray_join  # noqa: E402
 
 ray_join.prepare(None)  # before Ray is imported: the suite's local Ray stays on loopback
 

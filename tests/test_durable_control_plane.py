@@ -28,6 +28,7 @@ from tests.support.bpe_peer import save_bpe_peer
 from tests.support.cluster import drain_stream, wait_for
 from tests.support.hf_peer import hf_greedy
 from tests.support.serve_process import (
+    CURRENT_CLUSTER,
     REPO,
     ServeProcess,
     kill_session,
@@ -38,7 +39,6 @@ from tests.support.serve_process import (
 )
 
 BIN = Path(sys.executable).parent
-CURRENT_CLUSTER = Path("/tmp/ray/ray_current_cluster")
 NAMESPACE = "durable-test"
 NAMES = [ROUTER_NAME, CONTROLLER_NAME, "replica-0", "replica-0-checkpoints", RESPONSES_NAME]
 # a replacement of replica-0 takes the next id the controller has not used (replica-1 went to

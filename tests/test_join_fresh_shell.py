@@ -8,7 +8,9 @@ where serve's embedded Ray keeps its token), from the clone's root.
 - ``gateway``, ``sessions``, ``restart`` and ``drain --this-node`` join it from another shell with
   the token the user's HOME holds; a wrong or missing token ends at once, saying which token was
   tried and how to give one.
-- ``serve --address HOST:PORT`` joins a ``ray start --head`` cluster that requires a token.
+- ``serve --address HOST:PORT`` joins a ``ray start --head`` cluster that requires a token, and
+  ``gateway``, ``sessions``, ``restart`` and ``drain`` join it too (by its address and by
+  ``auto``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from router.client import SessionClient
 from tests.support.cluster import drain_stream
 from tests.support.listening import listeners
 from tests.support.serve_process import (
+    CURRENT_CLUSTER,
     REPO,
     ServeProcess,
     kill_session,
@@ -38,7 +41,6 @@ from tests.support.serve_process import (
 )
 
 BIN = Path(sys.executable).parent
-CURRENT_CLUSTER = Path("/tmp/ray/ray_current_cluster")
 SERVE_ARGS = ["--replicas", "1", "--max-sessions", "4", "--kv-tokens", "1024"]
 
 
@@ -138,9 +140,9 @@ def test_embedded_serve_starts_its_own_ray_on_loopback_only(serve, ray_head):
     assert len(found) >= 8, [str(x) for x in found]  # gRPC, metrics, GCS, raylet, workers...
 
 
-def test_gateway_joins_from_a_fresh_shell(serve, home):
-    address, _ = ray_address(serve)
-    session_id, committed = one_turn(serve.grpc_address)
+def turn_through_a_gateway(home: Path, address: str, session_id: str, committed: int) -> None:
+    """``session-router gateway --address ADDRESS`` from a fresh shell with ``home``: the turn
+    it serves continues the session (7 tokens more), and it stops with 0 on SIGTERM."""
     proc = subprocess.Popen(
         [str(BIN / "session-router"), "gateway", "--address", address]
         + ["--grpc-port", "0", "--metrics-port", "0", "--http-port", "0"],
@@ -165,6 +167,12 @@ def test_gateway_joins_from_a_fresh_shell(serve, home):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0, "".join(lines) + proc.stdout.read()
         kill_session(proc.pid)
+
+
+def test_gateway_joins_from_a_fresh_shell(serve, home):
+    address, _ = ray_address(serve)
+    session_id, committed = one_turn(serve.grpc_address)
+    turn_through_a_gateway(home, address, session_id, committed)
 
 
 def test_operator_commands_join_from_a_fresh_shell(serve, home):
@@ -200,6 +208,8 @@ def test_a_refused_token_ends_at_once_and_says_what_to_do(serve, tmp_path, token
 
 
 def test_serve_joins_a_ray_start_cluster_by_its_address(ray_head, tmp_path):
+    """On the operator's ``ray start`` cluster, by its address and by ``auto`` (Ray's record of
+    the machine's cluster): serve joins, and so do a gateway and the operator commands."""
     operator_home, address, _ = ray_head
     joined = ServeProcess.start(
         tmp_path / "serve.log",
@@ -208,7 +218,18 @@ def test_serve_joins_a_ray_start_cluster_by_its_address(ray_head, tmp_path):
     )
     try:
         assert ray_address(joined) == (address, "joined")
-        assert one_turn(joined.grpc_address)[1] == 7
+        session_id, committed = one_turn(joined.grpc_address)
+        assert committed == 7
+        turn_through_a_gateway(operator_home, "auto", session_id, committed)
+        listed = command(operator_home, "sessions", "--replica", "replica-0", "--address", "auto")
+        assert listed.returncode == 0, listed.stderr
+        assert re.search(rf"^{session_id}\s.*\bok$", listed.stdout, re.M), listed.stdout
+        refused = command(operator_home, "restart", "--replica", "replica-0", "--address", address)
+        assert refused.returncode == 1 and "holds" in refused.stdout, refused.stdout
+        drained = command(operator_home, "drain", "--grpc", joined.grpc_address, "--this-node",
+                          "--address", address)  # fmt: skip
+        assert drained.returncode == 0, drained.stdout + drained.stderr
+        assert "replica-0: draining" in drained.stdout
     finally:
         assert joined.stop() == 0, tail(joined.log)
 

@@ -75,7 +75,8 @@ def prepare(address: str | None) -> None:
     imported; idempotent; a setting the user made in the environment wins."""
     if "ray" in sys.modules:
         log.debug("ray was imported before its settings were settled; they may not apply")
-    if address is None or is_loopback(address):
+    target = current_cluster_address() if address == "auto" else address
+    if target is None or is_loopback(target):  # "auto": the cluster it names
         os.environ.setdefault(LOOPBACK_NODE, "0")
     if address is not None and AUTH_MODE not in os.environ and token_at_hand():
         os.environ[AUTH_MODE] = "token"
@@ -85,7 +86,11 @@ def current_cluster_address() -> str | None:
     """What ``address="auto"`` finds: ``RAY_ADDRESS``, else the cluster ``ray start`` recorded."""
     if os.environ.get("RAY_ADDRESS"):
         return os.environ["RAY_ADDRESS"]
-    record = Path(os.environ.get("RAY_TMPDIR", "/tmp")) / "ray" / "ray_current_cluster"
+    # where Ray keeps it: $RAY_TMPDIR, else (on Linux) $TMPDIR, else /tmp
+    temp = os.environ.get("RAY_TMPDIR") or (
+        os.environ.get("TMPDIR") if sys.platform.startswith("linux") else None
+    )
+    record = Path(temp or "/tmp") / "ray" / "ray_current_cluster"
     try:
         return record.read_text().strip() or None
     except OSError:

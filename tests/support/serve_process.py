@@ -28,6 +28,11 @@ REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
 
+# Where Ray records "the machine's cluster" (`ray start`'s address, what `--address auto` joins):
+# under $TMPDIR, which each xdist worker of the suite sets for itself (tests/conftest.py).
+CURRENT_CLUSTER = Path(os.environ.get("TMPDIR") or "/tmp") / "ray" / "ray_current_cluster"
+
+
 def user_env(**extra: str) -> dict[str, str]:
     """The environment of a user's fresh shell: this one without Ray's variables (the test
     process's own Ray sets some, which a user's terminal would not have)."""
