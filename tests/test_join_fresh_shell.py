@@ -140,9 +140,12 @@ def test_embedded_serve_starts_its_own_ray_on_loopback_only(serve, ray_head):
     assert len(found) >= 8, [str(x) for x in found]  # gRPC, metrics, GCS, raylet, workers...
 
 
-def turn_through_a_gateway(home: Path, address: str, session_id: str, committed: int) -> None:
-    """``session-router gateway --address ADDRESS`` from a fresh shell with ``home``: the turn
-    it serves continues the session (7 tokens more), and it stops with 0 on SIGTERM."""
+def turn_through_a_gateway(
+    home: Path, address: str, session_id: str, committed: int, gcs: str
+) -> None:
+    """``session-router gateway --address ADDRESS`` from a fresh shell with ``home``: it says it
+    joined the cluster at ``gcs`` (what ``auto`` found), the turn it serves continues the session
+    (7 tokens more), and it stops with 0 on SIGTERM."""
     proc = subprocess.Popen(
         [str(BIN / "session-router"), "gateway", "--address", address]
         + ["--grpc-port", "0", "--metrics-port", "0", "--http-port", "0"],
@@ -162,6 +165,7 @@ def turn_through_a_gateway(home: Path, address: str, session_id: str, committed:
                 break
         gateway = re.search(r"gRPC listening on (127\.0\.0\.1:\d+)", "".join(lines))
         assert gateway, "".join(lines)
+        assert f"joined the cluster at {gcs} " in "".join(lines), "".join(lines)
         assert one_turn(gateway[1], session_id) == (session_id, committed + 7)
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -172,7 +176,7 @@ def turn_through_a_gateway(home: Path, address: str, session_id: str, committed:
 def test_gateway_joins_from_a_fresh_shell(serve, home):
     address, _ = ray_address(serve)
     session_id, committed = one_turn(serve.grpc_address)
-    turn_through_a_gateway(home, address, session_id, committed)
+    turn_through_a_gateway(home, address, session_id, committed, gcs=address)
 
 
 def test_operator_commands_join_from_a_fresh_shell(serve, home):
@@ -220,7 +224,7 @@ def test_serve_joins_a_ray_start_cluster_by_its_address(ray_head, tmp_path):
         assert ray_address(joined) == (address, "joined")
         session_id, committed = one_turn(joined.grpc_address)
         assert committed == 7
-        turn_through_a_gateway(operator_home, "auto", session_id, committed)
+        turn_through_a_gateway(operator_home, "auto", session_id, committed, gcs=address)
         listed = command(operator_home, "sessions", "--replica", "replica-0", "--address", "auto")
         assert listed.returncode == 0, listed.stderr
         assert re.search(rf"^{session_id}\s.*\bok$", listed.stdout, re.M), listed.stdout

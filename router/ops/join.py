@@ -76,7 +76,9 @@ class JoinedGateway:
         cfg = self.config
         return [
             *self.front.listening(),
-            f"joined the cluster at {cfg.address} (router {cfg.namespace}/{ROUTER_NAME})",
+            # the address found, not "auto": what another shell passes to join the same cluster
+            f"joined the cluster at {ray.get_runtime_context().gcs_address} "
+            f"(router {cfg.namespace}/{ROUTER_NAME})",
             self.front.security(),
         ]
 
