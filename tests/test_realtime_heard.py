@@ -10,6 +10,8 @@ on. Pools at capacity with nothing leaked once the socket closes."""
 
 from __future__ import annotations
 
+import time
+
 import openai
 import pytest
 
@@ -24,9 +26,11 @@ from tests.support.realtime_turns import (
     until_done,
     user,
 )
+from tests.support.servers import grpc_client
 
 LONG = 200
 STORY = "tell me a story"
+IDLE_S = 2.0  # the server's idle timeout: a live socket's sessions must outlive it
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +43,7 @@ def peer(tmp_path_factory):
 def served(ray_cluster, peer):
     server = ServerThread(
         model_path=peer[0], replicas=1, max_sessions=8, max_parked_sessions=16, max_context=1024,
+        session_idle_timeout_s=IDLE_S,
     ).start()  # fmt: skip
     yield server
     server.stop()
@@ -127,5 +132,32 @@ def test_only_the_heard_part_of_a_cut_reply_enters_the_state(served, client, mod
         events, done4 = ask(conn, "thanks")
         assert deltas(events) == text4
         assert done4.usage.input_token_details.cached_tokens == len(state3)
+    served.wait_at_capacity(timeout=30)
+    served.assert_no_leaks(at_capacity=True)
+
+
+def test_an_open_socket_outlives_the_idle_timeout(served, client, model, peer):
+    """The idle timeout ends a session nobody holds (a gRPC one, opened beside), never a live
+    socket's: after three idle timeouts the socket's next response continues its state."""
+    tok = peer[2]
+    with grpc_client(served.address) as grpc_c:
+        unheld = grpc_c.open(timeout=30)
+        with client.realtime.connect(model=model) as conn:
+            replies_of_new_tokens(conn)
+            first = [{"role": "user", "content": "hello there"}]
+            ids1 = prompt_ids(tok, first)
+            out1, text1 = reference(peer, ids1)
+            events, _ = ask(conn, "hello there")
+            assert deltas(events) == text1
+            time.sleep(3 * IDLE_S)
+            assert grpc_c.close_session(unheld.id) is False, "the idle timeout did not apply"
+            state1 = ids1 + out1
+            second = [*first, {"role": "assistant", "content": text1},
+                      {"role": "user", "content": "and then?"}]  # fmt: skip
+            fed = continued(peer, state1, second)
+            _, text2 = reference(peer, state1 + fed)
+            events, done = ask(conn, "and then?")
+            assert deltas(events) == text2
+            assert done.usage.input_token_details.cached_tokens == len(state1)
     served.wait_at_capacity(timeout=30)
     served.assert_no_leaks(at_capacity=True)
