@@ -15,14 +15,14 @@ import time
 import openai
 import pytest
 
-from tests.support.chat_peer import long_reply_peer, prompt_ids
+from tests.support.chat_peer import long_reply_peer
 from tests.support.cluster import ServerThread
 from tests.support.realtime_turns import (
     ask,
     continued,
     deltas,
+    first_exchange,
     reference,
-    replies_of_new_tokens,
     until_done,
     user,
 )
@@ -81,15 +81,8 @@ def cut_reply(conn, text: str) -> object:
 
 
 def test_only_the_heard_part_of_a_cut_reply_enters_the_state(served, client, model, peer):
-    tok = peer[2]
     with client.realtime.connect(model=model) as conn:
-        replies_of_new_tokens(conn)
-        first = [{"role": "user", "content": "hello there"}]
-        ids1 = prompt_ids(tok, first)
-        out1, text1 = reference(peer, ids1)
-        events, _ = ask(conn, "hello there")
-        assert deltas(events) == text1
-        state1 = ids1 + out1
+        first, state1, text1 = first_exchange(conn, peer)
         cut = cut_reply(conn, STORY)
         produced = cut.output[0].content[0].text
         heard = produced[: len(produced) // 2]
@@ -139,19 +132,12 @@ def test_only_the_heard_part_of_a_cut_reply_enters_the_state(served, client, mod
 def test_an_open_socket_outlives_the_idle_timeout(served, client, model, peer):
     """The idle timeout ends a session nobody holds (a gRPC one, opened beside), never a live
     socket's: after three idle timeouts the socket's next response continues its state."""
-    tok = peer[2]
     with grpc_client(served.address) as grpc_c:
         unheld = grpc_c.open(timeout=30)
         with client.realtime.connect(model=model) as conn:
-            replies_of_new_tokens(conn)
-            first = [{"role": "user", "content": "hello there"}]
-            ids1 = prompt_ids(tok, first)
-            out1, text1 = reference(peer, ids1)
-            events, _ = ask(conn, "hello there")
-            assert deltas(events) == text1
+            first, state1, text1 = first_exchange(conn, peer)
             time.sleep(3 * IDLE_S)
             assert grpc_c.close_session(unheld.id) is False, "the idle timeout did not apply"
-            state1 = ids1 + out1
             second = [*first, {"role": "assistant", "content": text1},
                       {"role": "user", "content": "and then?"}]  # fmt: skip
             fed = continued(peer, state1, second)

@@ -75,9 +75,12 @@ class BlankReopen:
                 dead.store_epoch,
                 ", ".join(sid[:12] for sid in blank),
             )
+        by_reason: dict[str, list[str]] = {}
         for sid, why in why_not.items():
-            log.warning("%s: session %s has no checkpoint and cannot open again empty: %s",
-                        replica_id, sid[:12], why)  # fmt: skip
+            by_reason.setdefault(why, []).append(sid[:12])
+        for why, sids in by_reason.items():
+            log.warning("%s: %d sessions have no checkpoint and cannot open again empty: %s: %s",
+                        replica_id, len(sids), why, ", ".join(sids))  # fmt: skip
         return blank
 
     async def reopen(self, blank: dict[str, SessionEntry], dead: str) -> dict[str, int]:

@@ -23,7 +23,7 @@ from router.http.realtime_conversation import Checkpoint, LiveConversation
 from router.http.realtime_events import message_item, new_id, server_event, usage
 from router.http.realtime_metrics import RealtimeMetrics
 from router.http.realtime_outbox import Outbox
-from router.http.turns import Turns
+from router.http.turns import StartedTurn, Turns
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,9 @@ class ResponseRun:
         conv.started(self.stream.fork, self.stream.route)
         return self.stream.prompt
 
-    async def _start(self, instructions: str, index: int, previous: Checkpoint | None):
+    async def _start(
+        self, instructions: str, index: int, previous: Checkpoint | None
+    ) -> StartedTurn:
         """The turn of the conversation's ``items[:index]`` on its session, forked first in
         the same command, ``previous`` (a rollback point on that replica) released first."""
         if self.cancelled:  # cancelled before its turn was submitted

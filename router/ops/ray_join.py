@@ -82,17 +82,21 @@ def prepare(address: str | None) -> None:
         os.environ[AUTH_MODE] = "token"
 
 
+def cluster_record() -> Path:
+    """The file where ``ray start`` records the machine's cluster, where Ray keeps it:
+    under $RAY_TMPDIR, else (on Linux) $TMPDIR, else /tmp."""
+    temp = os.environ.get("RAY_TMPDIR") or (
+        os.environ.get("TMPDIR") if sys.platform.startswith("linux") else None
+    )
+    return Path(temp or "/tmp") / "ray" / "ray_current_cluster"
+
+
 def current_cluster_address() -> str | None:
     """What ``address="auto"`` finds: ``RAY_ADDRESS``, else the cluster ``ray start`` recorded."""
     if os.environ.get("RAY_ADDRESS"):
         return os.environ["RAY_ADDRESS"]
-    # where Ray keeps it: $RAY_TMPDIR, else (on Linux) $TMPDIR, else /tmp
-    temp = os.environ.get("RAY_TMPDIR") or (
-        os.environ.get("TMPDIR") if sys.platform.startswith("linux") else None
-    )
-    record = Path(temp or "/tmp") / "ray" / "ray_current_cluster"
     try:
-        return record.read_text().strip() or None
+        return cluster_record().read_text().strip() or None
     except OSError:
         return None
 

@@ -7,6 +7,7 @@ their reference: transformers' greedy continuation of the token sequence the ses
 
 from __future__ import annotations
 
+from tests.support.chat_peer import prompt_ids
 from tests.support.hf_peer import hf_greedy
 
 NEW = 8
@@ -69,3 +70,16 @@ def ask(conn, text: str) -> tuple[list, object]:
     conn.conversation.item.create(item=user(text))
     conn.response.create()
     return until_done(conn)
+
+
+def first_exchange(conn, peer, text: str = "hello there") -> tuple[list[dict], list[int], str]:
+    """On a fresh connection (replies of ``NEW`` tokens from then on), ``text`` asked, its reply
+    checked equal to transformers' greedy one: (the messages so far, the state the session
+    holds after it, the reply's text)."""
+    replies_of_new_tokens(conn)
+    first = [{"role": "user", "content": text}]
+    ids = prompt_ids(peer[2], first)
+    out, reply = reference(peer, ids)
+    events, _ = ask(conn, text)
+    assert deltas(events) == reply
+    return first, ids + out, reply

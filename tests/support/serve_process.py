@@ -23,6 +23,7 @@ from typing import TypeVar
 import grpc
 
 from router.client import SessionClient
+from router.ops.ray_join import cluster_record
 
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -30,7 +31,7 @@ T = TypeVar("T")
 
 # Where Ray records "the machine's cluster" (`ray start`'s address, what `--address auto` joins):
 # under $TMPDIR, which each xdist worker of the suite sets for itself (tests/conftest.py).
-CURRENT_CLUSTER = Path(os.environ.get("TMPDIR") or "/tmp") / "ray" / "ray_current_cluster"
+CURRENT_CLUSTER = cluster_record()
 
 
 def user_env(**extra: str) -> dict[str, str]:
