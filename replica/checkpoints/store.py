@@ -226,6 +226,22 @@ class CheckpointStore:
         """Checkpoints held, and their bytes."""
         return len(self.saved), sum(chain.nbytes for chain in self.saved.values())
 
+    async def sessions(self) -> dict[str, str]:
+        """The sessions it holds a checkpoint of, with their tenants: what a router that
+        restarted during this replica's failover has to restore still."""
+        return {sid: chain.meta.tenant for sid, chain in self.saved.items()}
+
+    async def handed_over(self, session_ids: list[str]) -> None:
+        """A failover restored ``session_ids`` elsewhere: their checkpoints here are dropped
+        (the fenced store ignores the dead replica's drops), so that a failover that starts
+        over (the router restarted meanwhile) restores only those it had not restored yet.
+        Idempotent. Their files go too (a failover whose store died reads the files)."""
+        for sid in session_ids:
+            self.saved.pop(sid, None)
+            self.kept.discard(sid)
+        if self.files is not None:
+            await asyncio.to_thread(self.files.drop, list(session_ids))
+
 
 def as_ref(part: Any) -> ray.ObjectRef:
     """A reference to a kept part: the failover's target reads it from the object store."""

@@ -41,3 +41,11 @@ class CheckpointStoreClient:
     async def stats(self) -> tuple[int, int]:
         """Checkpoints held, and their bytes."""
         return await self.handle.stats.remote()
+
+    async def sessions(self) -> dict[str, str]:
+        """The sessions it holds a checkpoint of: session id -> tenant."""
+        return await self.handle.sessions.remote()
+
+    async def handed_over(self, *, session_ids: list[str]) -> None:
+        """A failover restored ``session_ids`` elsewhere: the store drops their checkpoints."""
+        await self.handle.handed_over.remote(session_ids)

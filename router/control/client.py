@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from ray.exceptions import ActorUnavailableError, RayActorError
 
-from replica.api import ActorError, PoolSnapshot, StatusCode
+from replica.api import ActorError, PoolSnapshot, ReplicaDescription, StatusCode
 from router.control.api import Drained, FailoverOutcome, ReplicaView, Route
 
 T = TypeVar("T")
@@ -141,6 +141,24 @@ class RouterClient:
         return await self._call(
             lambda: self.handle.replica_failed.remote(replica_id, why, wait), retry
         )
+
+    async def recover_replica(
+        self,
+        *,
+        replica_id: str,
+        handle: Any,
+        desc: ReplicaDescription,
+        checkpoints: Any,
+        why: str,
+        retry: bool = True,
+    ) -> int | ActorError:
+        return await self._call(
+            lambda: self.handle.recover_replica.remote(replica_id, handle, desc, checkpoints, why),
+            retry,
+        )
+
+    async def replicas_accounted(self, *, retry: bool = True) -> None | ActorError:
+        return await self._call(lambda: self.handle.replicas_accounted.remote(), retry)
 
     async def replace_checkpoint_store(
         self, *, replica_id: str, store: Any, retry: bool = True

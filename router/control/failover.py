@@ -179,6 +179,7 @@ class Failover:
                 *(self._import(tid, sids, found) for tid, sids in groups.items())
             )
             pending = unassigned(pending, groups)  # no room in view for them: they wait
+            await self._hand_over(dead, [sid for landed, _ in outcomes for sid in landed])
             for tid, (landed, refused) in zip(groups, outcomes):
                 restored.update(landed)
                 for sid, why in refused.items():
@@ -190,6 +191,17 @@ class Failover:
         if pending:
             log.warning("%d sessions found no room within %.0f s", len(pending), self.wait_s)
         return restored
+
+    async def _hand_over(self, dead: str, landed: list[str]) -> None:
+        """Tell the dead replica's store which sessions were restored, so that it drops them: a
+        router that restarts during this failover restores only the rest (``recover``)."""
+        entry = self.replicas[dead]
+        if not landed or entry.checkpoints is None:
+            return
+        try:
+            await asyncio.wait_for(entry.store.handed_over(session_ids=landed), STORE_WAIT_S)
+        except Exception as exc:  # noqa: BLE001 - the store died too: its failover is this one
+            log.warning("telling the checkpoint store of %s what was restored: %r", dead, exc)
 
     async def _import(
         self, target: str, ids: list[str], found: dict[str, Any]

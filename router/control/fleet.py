@@ -20,7 +20,7 @@ import ray
 
 from replica.actor.client import ReplicaClient
 from replica.actor.router_reports import RouterReports
-from replica.api import ActorError
+from replica.api import ActorError, ReplicaDescription
 from router.config import ServeConfig
 from router.control.checkpoint_stores import start_store
 from router.control.client import RouterClient
@@ -30,6 +30,7 @@ from router.control.scheduling import replica_resources, wait_until_up
 log = logging.getLogger(__name__)
 
 REPLICA_SHUTDOWN_TIMEOUT_S = 10.0
+DESCRIBE_TIMEOUT_S = 10.0
 
 
 class Fleet:
@@ -40,6 +41,7 @@ class Fleet:
         self.router = router
         self.replicas: dict[str, Any] = {}
         self.stores: dict[str, Any] = {}  # each replica's current checkpoint store
+        self.descs: dict[str, ReplicaDescription] = {}  # a lost one's failover needs its own
         self.starting: set[str] = set()
         self._ids = itertools.count()
 
@@ -54,6 +56,14 @@ class Fleet:
         # the router's are the current ones (a replacement has a name of its own); none for a
         # replica: checkpoints off, or its store is gone (the keeper replaces it)
         self.stores.update((r, store) for r, store in stores.items() if r in self.replicas)
+        descs = await asyncio.gather(  # a replica that does not answer is judged by the supervisor
+            *(asyncio.wait_for(ReplicaClient(h).describe(), DESCRIBE_TIMEOUT_S)
+              for h in self.replicas.values()),
+            return_exceptions=True,
+        )  # fmt: skip
+        self.descs.update(
+            (r, d) for r, d in zip(self.replicas, descs) if isinstance(d, ReplicaDescription)
+        )
         numbers = [int(r.rsplit("-", 1)[1]) for r in self.replicas if r.rsplit("-", 1)[1].isdigit()]
         self._ids = itertools.count(max(numbers, default=-1) + 1)
 
@@ -99,6 +109,7 @@ class Fleet:
                 ask,
                 cfg.replica_start_timeout_s if timeout_s is None else timeout_s,
             )
+            self.descs.update(descs)
             if cfg.replica.session_checkpoints:  # all at once: each is a process to start
                 stores = await asyncio.gather(*(
                     start_store(r, self.replicas[r], descs[r].node_id, cfg.namespace, 0,
@@ -133,8 +144,18 @@ class Fleet:
         log.info("started %d replicas", count)
         return ids
 
+    def bury(self, replica_id: str) -> Any:
+        """A dead replica leaves the fleet (its handle is returned); its store and description
+        stay until ``pop``: a failover the router could not finish needs them (``buried``)."""
+        return self.replicas.pop(replica_id)
+
+    def buried(self) -> list[str]:
+        """The dead replicas whose store and description are kept."""
+        return [r for r in self.descs if r not in self.replicas and r not in self.starting]
+
     def pop(self, replica_id: str) -> tuple[Any, Any]:
         """Forget a replica: its handle and its store's (either None when unknown)."""
+        self.descs.pop(replica_id, None)
         return self.replicas.pop(replica_id, None), self.stores.pop(replica_id, None)
 
     async def stop(self) -> int:
@@ -150,6 +171,7 @@ class Fleet:
             kill(store)
         self.replicas.clear()
         self.stores.clear()
+        self.descs.clear()
         return released
 
 

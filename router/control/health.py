@@ -4,8 +4,9 @@ Every ``interval_s`` it probes each live replica whose latest snapshot is older 
 ``stale_after_s`` (a ``ping`` that fails, times out or answers False declares it dead through
 ``on_dead``), and it forgets a dead replica ``retention_s`` after it died: until then ListReplicas
 shows it DEAD and /metrics exports its ``replica_up`` 0 (so ReplicaDown can fire); afterwards its
-series leave /metrics altogether. Replicas also die faster than this: a failed call, a broken
-output stream or the replica's own report of its engine's death (``SessionRouter.replica_failed``).
+series leave /metrics altogether (not before its failover has ended). Replicas also die faster
+than this: a failed call, a broken output stream or the replica's own report of its engine's
+death (``SessionRouter.replica_failed``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ class HealthWatch:
                 if now - entry.reported_at > self.stale_after_s:
                     await self._probe(replica_id, entry, "snapshot stale")
             elif entry.died_at is not None and now - entry.died_at > self.retention_s:
+                if entry.failover is not None and not entry.failover.done():
+                    continue  # the controller would take it for one whose failover never ran
                 if self.replicas.forget_dead(replica_id, entry):
                     log.info("forgot dead replica %s", replica_id)
 

@@ -30,6 +30,7 @@ from router.control.drain import Drainer
 from router.control.failover import Failover
 from router.control.forks import Forks
 from router.control.health import HealthWatch
+from router.control.lost_replicas import LostReplicas
 from router.control.migration import Migrator
 from router.control.opens import Opener
 from router.control.registry import ReplicaRegistry
@@ -73,6 +74,7 @@ class SessionRouter:
             self.opener.wait_for_room,
             config.drain_timeout_s,
         )
+        self.lost = LostReplicas(self.replicas, self.sessions, self._declare_dead)
         self.forks = Forks(
             self.replicas, self.sessions, self.routing.route, self.opener, config.open_timeout_s
         )
@@ -122,6 +124,17 @@ class SessionRouter:
             log.error("replica %s is dead (%s)", replica_id, why)
             self.failover.start(replica_id)
         return await self.failover.outcome(replica_id) if wait else FailoverOutcome()
+
+    async def recover_replica(
+        self, replica_id: str, handle: Any, desc: ReplicaDescription, checkpoints: Any, why: str
+    ) -> int:
+        """``LostReplicas.recover``: a replica that died unknown to this router."""
+        return await self.lost.recover(replica_id, handle, desc, checkpoints, why)
+
+    async def replicas_accounted(self) -> None:
+        """The controller's word that every replica it knows has registered here or been handed
+        over (``recover_replica``): routes of unknown sessions stop waiting (``Routing``)."""
+        self.routing.accounted()
 
     async def views(self) -> list[ReplicaView]:
         return [self._view(rid) for rid in sorted(self.replicas)]
