@@ -21,7 +21,7 @@ from router.config import ServeConfig
 from router.ops import cli
 from tests.support.cluster import ServerThread, drain_stream, rpc_error, wait_for
 from tests.support.servers import api_keys_file
-from tests.support.tls import CertificateAuthority
+from tests.support.tls import module_pki
 
 TENANT, ADMIN = "tenant-key-1234567890", "admin-key-0987654321"
 FROM_ENV = "globex-key-4444444444"
@@ -30,15 +30,7 @@ Code = grpc.StatusCode
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("pki")
-    ca = CertificateAuthority(folder, "test-ca")
-    rogue = CertificateAuthority(folder, "rogue-ca")
-    return {
-        "ca": ca.files.cert,
-        "server": ca.issue("server", server=True),
-        "client": ca.issue("client", server=False),
-        "rogue": rogue.issue("rogue-client", server=False),
-    }
+    return module_pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture(scope="module")

@@ -69,3 +69,17 @@ class CertificateAuthority:
             names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
             builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
         return _write(self.folder, stem, builder.sign(self.key, hashes.SHA256()), key)
+
+
+def module_pki(folder: Path) -> dict[str, str | Issued]:
+    """What a TLS test module's server and clients use, made in ``folder``: ``ca`` (the test
+    CA's certificate file), ``server`` (its certificate for 127.0.0.1/localhost), ``client`` (a
+    client certificate it signed) and ``rogue`` (a client certificate of another CA)."""
+    ca = CertificateAuthority(folder, "test-ca")
+    rogue = CertificateAuthority(folder, "rogue-ca")
+    return {
+        "ca": ca.files.cert,
+        "server": ca.issue("server", server=True),
+        "client": ca.issue("client", server=False),
+        "rogue": rogue.issue("rogue-client", server=False),
+    }
