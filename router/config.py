@@ -73,7 +73,9 @@ class GatewayConfig:
     api_keys: str | None = setting(
         None, "file of 'KEY TENANT [admin]' lines; AdminService takes admin keys only"
     )
-    tls_cert: str | None = setting(None, "PEM certificate chain: serve gRPC over TLS only")
+    tls_cert: str | None = setting(
+        None, "PEM certificate chain: serve gRPC and HTTP (HTTPS, wss://) over TLS only"
+    )
     tls_key: str | None = setting(None, "PEM private key of --tls-cert")
     tls_client_ca: str | None = setting(
         None, "PEM CA bundle: clients must present a certificate it signed (mutual TLS)"
