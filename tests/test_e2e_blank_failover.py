@@ -87,3 +87,39 @@ def test_sessions_without_a_checkpoint_are_opened_again_on_a_replica_death(serve
     )
     server.wait_at_capacity(live)
     client.close()
+
+
+def test_a_session_opened_again_empty_is_opened_again_when_that_replica_dies_too(server):
+    """The sessions a failover opened again, empty, are as blank on their new replica as they
+    were on the first: when it dies before their first turn, they are opened again once more,
+    never ABORTED."""
+    client = SessionClient(server.address)
+    server.wait_healed()
+    sessions = [client.open(idle_timeout_s=IDLE_S) for _ in range(6)]
+    first = sessions[0].replica_id
+    sigkill(server, first)
+    live = server.wait_healed()
+    second = next(r for r in live if r != first)
+
+    def pinned_to(replica_id: str) -> int:
+        views = ray.get(server.server.router.views.remote(), timeout=30)
+        return next((v.sessions_pinned for v in views if v.replica_id == replica_id), 0)
+
+    wait_for(lambda: pinned_to(second) == len(sessions), 60, 0.1, "every session on one replica")
+    sigkill(server, second)  # before any of them ran a turn
+    live = wait_for(
+        lambda: [r for r in server.wait_healed() if r not in (first, second)] or None,
+        120,
+        0.5,
+        "two replacement replicas",
+    )
+    for n, s in enumerate(sessions):  # none ABORTED: each continues as a fresh session would
+        got = drain_stream(s.generate(tokens=tokens(n), max_new_tokens=8, **SEEDED))
+        fresh = client.open()
+        want = drain_stream(fresh.generate(tokens=tokens(n), max_new_tokens=8, **SEEDED))
+        assert got == want, s.id
+        assert fresh.close()
+    for s in sessions:
+        assert s.close()
+    server.wait_at_capacity(server.wait_healed())
+    client.close()

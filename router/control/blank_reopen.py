@@ -116,6 +116,7 @@ class BlankReopen:
         entry = self.replicas[target]
         requests = [(s.session_id, s.blank.idle_timeout_s, "", s.tenant, 0.0) for s in sessions]
         ids = [s.session_id for s in sessions]
+        epoch = entry.store_epoch  # the store that follows them there from their open
         entry.reserved += len(ids)
         try:
             opened = await entry.replica.open_sessions(requests=requests)
@@ -140,7 +141,7 @@ class BlankReopen:
                 full.append(sid)
             else:
                 log.warning("%s refused to open %s again: %s", target, sid[:16], result.message)
-        pinned = self.migrator.claims.land(landed, target)
+        pinned = self.migrator.claims.land(landed, target, blank_epoch=epoch)
         strays = await self.migrator.landing.strays([s for s in landed if s not in pinned], target)
         return pinned, full + strays  # a target declared dead meanwhile: another is tried
 

@@ -69,8 +69,8 @@ class LostReplicas:
         for sid, tenant in orphans.items():
             self.sessions.pin(sid, replica_id, tenant)
         log.error(
-            "replica %s died unknown to this router (%s): %d sessions in its checkpoint store "
-            "fail over",
+            "replica %s, dead, is not known to this router (%s): %d sessions in its checkpoint "
+            "store fail over",
             replica_id,
             why,
             len(orphans),

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from router.control.api import ReplicaHealth
 from router.control.registry import ReplicaRegistry
-from router.control.table import SessionState, SessionTable
+from router.control.table import BlankOpen, SessionState, SessionTable
 
 
 class MovingSessions:
@@ -62,10 +62,14 @@ class MovingSessions:
                 if not self.moving[source]:
                     del self.moving[source]
 
-    def land(self, session_ids: Sequence[str], replica_id: str) -> list[str]:
+    def land(
+        self, session_ids: Sequence[str], replica_id: str, blank_epoch: int | None = None
+    ) -> list[str]:
         """Pin sessions to the replica that now holds their state, and wake their routes;
         returns those pinned: none when the replica is dead or unknown, and none of those
-        no longer open (closed, or aborted, meanwhile)."""
+        no longer open (closed, or aborted, meanwhile). ``blank_epoch``: they were opened
+        there again, empty (``BlankReopen``), at that store epoch of the replica's: they stay
+        blank there, and may be opened again empty if that replica dies too."""
         target = self.replicas.get(replica_id)
         if target is None or target.health == ReplicaHealth.DEAD:
             return []
@@ -75,7 +79,10 @@ class MovingSessions:
             if entry is None or entry.state != SessionState.OPEN:
                 continue
             moving = entry.moving
-            self.sessions.pin(sid, replica_id, entry.tenant)
+            empty = None
+            if blank_epoch is not None and entry.blank is not None:
+                empty = BlankOpen(entry.blank.idle_timeout_s, blank_epoch)
+            self.sessions.pin(sid, replica_id, entry.tenant, empty)
             pinned.append(sid)
             if moving is not None and not moving.done():
                 moving.set_result(None)

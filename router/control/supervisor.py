@@ -114,7 +114,7 @@ class ReplicaSupervisor:
                 handle=None,
                 desc=fleet.descs[replica_id],
                 checkpoints=store,
-                why="it died unknown to the router",
+                why="it died while the router was away",
                 retry=False,
             )
             if isinstance(restored, ActorError):
