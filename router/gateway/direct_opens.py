@@ -19,6 +19,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from replica.api import ActorError, ReleaseReason, SessionInfo
 from router.call_errors import CallFailure, FailureKind
@@ -79,11 +80,13 @@ class DirectOpener:
         try:
             await asyncio.wait((opened, pinned))
         except asyncio.CancelledError:  # the caller left: whatever lands is released
-            self.background.spawn(self._settle(replica_id, session_id, opened, pinned, False))
+            self.background.spawn(
+                self._settle(replica_id, handle, session_id, opened, pinned, False)
+            )
             raise
         finally:
             self.in_flight[replica_id] -= 1
-        info = await self._settle(replica_id, session_id, opened, pinned)
+        info = await self._settle(replica_id, handle, session_id, opened, pinned)
         if isinstance(info, CallFailure):
             raise Refused(info.status(), info.message())
         if info is None:
@@ -93,6 +96,7 @@ class DirectOpener:
     async def _settle(
         self,
         replica_id: str,
+        handle: Any,
         session_id: str,
         opened: asyncio.Future,
         pinned: asyncio.Future,
@@ -101,7 +105,9 @@ class DirectOpener:
         """Once both calls are done: the session's info when it landed and is pinned (and
         ``keep``: its caller is still there); else None, with the session released on the
         replica and unpinned at the router; or the open's ``CallFailure`` when the replica
-        raised (an application error: whatever it may have opened is released too)."""
+        raised (an application error: whatever it may have opened is released too). The
+        release goes to ``handle``, the one the open went to: the view's handles may have
+        lost the replica meanwhile (a restarted router lists it once it registers again)."""
         await asyncio.wait((opened, pinned))
         failure = None
         if opened.exception() is not None:
@@ -123,10 +129,8 @@ class DirectOpener:
         if info is not None and ok and keep:
             return info
         if info is not None or (failure is not None and failure.kind is not FailureKind.DEAD):
-            handle = self.cluster.handles.get(replica_id)
-            if handle is not None:
-                calls = self.calls.of(replica_id, handle)
-                await _quietly(calls.close(session_id, ReleaseReason.ABORTED))
+            calls = self.calls.of(replica_id, handle)
+            await _quietly(calls.close(session_id, ReleaseReason.ABORTED))
         if ok:
             self.updates.forget(session_id, replica_id)
         if failure is not None and failure.kind is FailureKind.APPLICATION:
