@@ -146,15 +146,13 @@ class RouterClient:
         self,
         *,
         replica_id: str,
-        handle: Any,
         desc: ReplicaDescription,
         checkpoints: Any,
         why: str,
         retry: bool = True,
     ) -> int | ActorError:
         return await self._call(
-            lambda: self.handle.recover_replica.remote(replica_id, handle, desc, checkpoints, why),
-            retry,
+            lambda: self.handle.recover_replica.remote(replica_id, desc, checkpoints, why), retry
         )
 
     async def replicas_accounted(self, *, retry: bool = True) -> None | ActorError:

@@ -205,4 +205,4 @@ def kill(handle: Any) -> None:
     try:
         ray.kill(handle, no_restart=True)
     except Exception as exc:  # noqa: BLE001 - already gone
-        log.info("kill at shutdown: %s", exc)
+        log.info("kill of an actor already gone: %s", exc)

@@ -23,12 +23,11 @@ from typing import Any
 
 from replica.api import ReplicaDescription
 from replica.checkpoints.store_client import CheckpointStoreClient
+from router.control.failover import STORE_WAIT_S
 from router.control.registry import ReplicaRegistry
 from router.control.table import SessionTable
 
 log = logging.getLogger(__name__)
-
-STORE_WAIT_S = 5.0
 
 
 class LostReplicas:
@@ -43,29 +42,26 @@ class LostReplicas:
         self.declare_dead = declare_dead
 
     async def recover(
-        self, replica_id: str, handle: Any, desc: ReplicaDescription, checkpoints: Any, why: str
+        self, replica_id: str, desc: ReplicaDescription, checkpoints: Any, why: str
     ) -> int:
         """Restore the sessions the dead replica's store ``checkpoints`` holds that no replica
         holds; returns how many were handed to its failover, which then ends the store. A store
         that cannot be reached (a failover ended it) is left alone: 0. A replica the router
         knows is only declared dead (its own failover knows its sessions). Idempotent: a
         second call finds the replica known."""
-        if replica_id in self.replicas:
-            await self.declare_dead(replica_id, why)
-            return 0
         try:
             store = CheckpointStoreClient(checkpoints)
             held = await asyncio.wait_for(store.sessions(), STORE_WAIT_S)
         except Exception as exc:  # noqa: BLE001 - the store is gone too: nothing to restore
             log.warning("the checkpoint store of lost replica %s: %r", replica_id, exc)
             return 0
-        if replica_id in self.replicas:  # it registered while the store answered
+        if replica_id in self.replicas:
             await self.declare_dead(replica_id, why)
             return 0
         # registered and declared dead even with nothing to restore: its failover ends the
-        # store and removes its files, as any failover does
+        # store and removes its files, as any failover does (no handle: it is dead)
         orphans = {sid: tenant for sid, tenant in held.items() if sid not in self.sessions}
-        self.replicas.register(replica_id, handle, desc, checkpoints)
+        self.replicas.register(replica_id, None, desc, checkpoints)
         for sid, tenant in orphans.items():
             self.sessions.pin(sid, replica_id, tenant)
         log.error(

@@ -126,10 +126,10 @@ class SessionRouter:
         return await self.failover.outcome(replica_id) if wait else FailoverOutcome()
 
     async def recover_replica(
-        self, replica_id: str, handle: Any, desc: ReplicaDescription, checkpoints: Any, why: str
+        self, replica_id: str, desc: ReplicaDescription, checkpoints: Any, why: str
     ) -> int:
         """``LostReplicas.recover``: a replica that died unknown to this router."""
-        return await self.lost.recover(replica_id, handle, desc, checkpoints, why)
+        return await self.lost.recover(replica_id, desc, checkpoints, why)
 
     async def replicas_accounted(self) -> None:
         """The controller's word that every replica it knows has registered here or been handed

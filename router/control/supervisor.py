@@ -24,15 +24,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
-
-import ray
 
 from replica.actor.client import ReplicaClient
 from replica.api import ActorError
 from router.control.api import ReplicaHealth, ReplicaView
 from router.control.client import RouterClient
-from router.control.fleet import Fleet
+from router.control.fleet import Fleet, kill
 from router.control.periodic import Periodic
 from router.control.store_keeper import StoreKeeper
 
@@ -81,7 +78,7 @@ class ReplicaSupervisor:
         for replica_id in judged:
             lost = replica_id in unlisted and replica_id not in coming_back
             if lost or health.get(replica_id) == ReplicaHealth.DEAD:
-                kill(fleet.bury(replica_id), replica_id)
+                kill(fleet.bury(replica_id))
                 self._buried_at[replica_id] = time.monotonic()
                 log.warning("replica %s is dead: killed, a replacement starts", replica_id)
         for replica_id in fleet.buried():
@@ -111,7 +108,6 @@ class ReplicaSupervisor:
         if store is not None:
             restored = await RouterClient(fleet.router).recover_replica(
                 replica_id=replica_id,
-                handle=None,
                 desc=fleet.descs[replica_id],
                 checkpoints=store,
                 why="it died while the router was away",
@@ -133,11 +129,3 @@ class ReplicaSupervisor:
             return bool(await asyncio.wait_for(ping, timeout=PING_TIMEOUT_S))
         except Exception:  # noqa: BLE001 - an actor that cannot answer is dead
             return False
-
-
-def kill(handle: Any, replica_id: str) -> None:
-    """End a dead replica's actor for good (already gone is fine)."""
-    try:
-        ray.kill(handle, no_restart=True)
-    except Exception as exc:  # noqa: BLE001 - already gone
-        log.info("kill of dead replica %s: %s", replica_id, exc)
