@@ -4,7 +4,8 @@ replicas and their sessions from the replicas themselves; a dead replica never t
 controller knows that replica and its checkpoint store, and hands both to the router once every
 live replica is back in its table: the sessions the store holds that no live replica holds (a
 failover tells the store which ones it restored) fail over as from any dead replica, and
-continue exactly (a fresh session replaying the same turns produces the same tokens); nothing
+continue exactly (a fresh session replaying the same turns produces the same tokens), and those
+that held nothing yet (no checkpoint: the store knows them as blank) open again empty; nothing
 is restored twice, nothing ends ABORTED or NOT_FOUND, and no slot or checkpoint is left behind.
 
 The tests kill the router and replicas, so each has a server of its own.
@@ -68,17 +69,28 @@ def test_a_replica_that_dies_while_the_router_restarts_fails_over(server):
     doomed = [s for s in sessions if s.replica_id == victim]
     assert 0 < len(doomed) < SESSIONS  # placement spreads them over both replicas
     replies = run_turns(sessions)
+    blanks = [client.open() for _ in range(4)]  # no turn yet: nothing to checkpoint
+    blank_doomed = [b.id for b in blanks if b.replica_id == victim]
+    assert blank_doomed, [b.replica_id for b in blanks]
+    store = server.stores[victim]
+
+    def store_knows_blanks() -> bool:  # a blank entry rides with the next item, or waits 0.25 s
+        held = ray.get(store.sessions.remote(), timeout=10)
+        return all(held.get(sid, ("", None))[1] is not None for sid in blank_doomed)
+
+    wait_for(store_knows_blanks, 10, 0.05, "the victim's store to know its blank sessions")
     victim_pid = pid_of(server.replicas[victim])
 
     ray.kill(server.server.router, no_restart=False)  # Ray restarts it with empty tables
     os.kill(victim_pid, signal.SIGKILL)  # dies before it could register with the new router
 
     # the next turns come at once: those of the victim's sessions wait for their failover
-    check_continues(server, client, sessions, replies)
+    replies.update({b.id: [] for b in blanks})
+    check_continues(server, client, [*sessions, *blanks], replies)
     dead = next(v for v in views(server) if v.replica_id == victim)
     assert dead.health == ReplicaHealth.DEAD and dead.sessions_lost == 0, dead
-    assert dead.sessions_migrated.get("failover") == len(doomed), dead
-    check_clean(server, victim, sessions)
+    assert dead.sessions_migrated.get("failover") == len(doomed) + len(blank_doomed), dead
+    check_clean(server, victim, [*sessions, *blanks])
     client.close()
 
 
@@ -118,8 +130,9 @@ def check_continues(server, client, sessions, replies) -> None:
     """Every session continues exactly where its last turn left it, on a live replica, and is
     held exactly once."""
     for k, s in enumerate(sessions):
+        n = len(replies[s.id])  # the turn after its last (the first for a blank session)
         ids, _, committed = drain_stream(
-            s.generate(tokens=turn_tokens(k, TURNS), max_new_tokens=6, **SEEDED)
+            s.generate(tokens=turn_tokens(k, n), max_new_tokens=6, **SEEDED)
         )
         replay = client.open()
         for m, (want, at) in enumerate([*replies[s.id], (ids, committed)]):

@@ -33,7 +33,7 @@ from replica.actor.engine_host import EngineHost
 from replica.actor.tasks import BackgroundTasks
 from replica.api import SessionStates
 from replica.checkpoints.log import CheckpointBatch
-from replica.checkpoints.outbox import CheckpointDrop, CheckpointOutbox
+from replica.checkpoints.outbox import CheckpointBlank, CheckpointDrop, CheckpointOutbox
 from replica.checkpoints.store_client import CheckpointStoreClient
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ class CheckpointCalls:
 
     async def stream(
         self, store: Any, confirm_on_ack: bool
-    ) -> AsyncIterator[list[SessionStates | CheckpointDrop]]:
+    ) -> AsyncIterator[list[SessionStates | CheckpointDrop | CheckpointBlank]]:
         await self.host.start()
         if self.outbox is None:
             return

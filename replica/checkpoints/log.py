@@ -11,6 +11,10 @@ positions since the one before. This is the only part of checkpointing on the en
 one copy of what changed, right after the step; writing it out happens on the actor's event
 loop, off the token path.
 
+A session that holds nothing yet (opened empty, or rolled back to nothing) is not exported: it
+is handed on as ``blank`` (its id, tenant and idle timeout), which the store keeps so that a
+failover that no router remembers it for (the router restarted meanwhile) opens it again empty.
+
 Nothing is exported while no checkpoint store follows the replica (``enabled`` False): a session
 changed meanwhile gets its first checkpoint at its next change (or when a store connects), and
 those of them holding committed state are handed on as ``unsaved`` (a failover must not open
@@ -38,16 +42,18 @@ if TYPE_CHECKING:  # the store reads this package and never needs torch
 class CheckpointBatch:
     """What one engine step leaves to write: each changed session's state (``saved``), the
     sessions whose checkpoints to free (``dropped``), those released (``released``: the
-    same, unless a failpoint leaks), and those whose committed state changed while no store
-    followed (``unsaved``: no checkpoint of it was taken)."""
+    same, unless a failpoint leaks), those whose committed state changed while no store
+    followed (``unsaved``: no checkpoint of it was taken), and the changed sessions that hold
+    nothing (``blank``: session id, tenant, idle timeout)."""
 
     saved: list[SessionStates] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
     released: list[str] = field(default_factory=list)
     unsaved: list[str] = field(default_factory=list)
+    blank: list[tuple[str, str, float]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.saved or self.released or self.unsaved)
+        return bool(self.saved or self.released or self.unsaved or self.blank)
 
 
 class CheckpointLog:
@@ -96,15 +102,18 @@ class CheckpointLog:
             unsaved = [sid for sid, slot in self._changed.items() if slot.committed_len > 0]
             self._changed.clear()
         ready = [s for s in self._changed.values() if s.turn is None]
-        saved = []
+        saved, blank = [], []
         for slot in ready:
             sid = slot.session_id
             del self._changed[sid]
             self._checkpointed.add(sid)
+            if slot.committed_len == 0 and not slot.pending_ids:
+                blank.append((sid, slot.tenant, slot.idle_timeout_s))
+                continue
             before = self._sent.get(sid, 0)
             kv_from = {sid: before} if 0 < before <= slot.committed_len else None
             saved.append(export([slot], kv_from=kv_from))
             self._sent[sid] = slot.committed_len
-        batch = CheckpointBatch(saved, self._dropped, self._released, unsaved)
+        batch = CheckpointBatch(saved, self._dropped, self._released, unsaved, blank)
         self._dropped, self._released = [], []
         return batch

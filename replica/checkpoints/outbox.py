@@ -3,8 +3,9 @@ turn endings that wait for them.
 
 The store pulls: it holds one long-lived streaming call, ``ReplicaActor.checkpoint_stream``,
 whose items are lists of this outbox's entries, in order: a ``SessionStates`` record (one
-session's latest state) or a ``CheckpointDrop`` (sessions released: free their checkpoints;
-drops alone wait up to ``DROP_DELAY_S`` for a record to travel with); entries are numbered
+session's latest state), a ``CheckpointDrop`` (sessions released: free their checkpoints) or a
+``CheckpointBlank`` (sessions that hold nothing yet: a failover opens them again empty); drops
+and blanks alone wait up to ``DROP_DELAY_S`` for a record to travel with; entries are numbered
 from 1. Each item is an object the *store* owns (Ray makes the caller of a
 streaming call the owner of its items), so it outlives this replica's process. The call runs
 with a backpressure of one item: an item's ``yield`` returns once the store has taken it, which
@@ -72,6 +73,13 @@ class CheckpointDrop:
     session_ids: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class CheckpointBlank:
+    """A stream item: these sessions hold nothing yet (session id, tenant, idle timeout)."""
+
+    sessions: tuple[tuple[str, str, float], ...]
+
+
 class CheckpointOutbox:
     def __init__(
         self,
@@ -128,6 +136,8 @@ class CheckpointOutbox:
             self._acked = (store_held, expected - len(unfreed), store_bytes)
         if batch.dropped:
             self._put(CheckpointDrop(tuple(batch.dropped)))
+        if batch.blank:
+            self._put(CheckpointBlank(tuple(batch.blank)))
         for record in batch.saved:
             meta = record.sessions[0]
             session_id = meta.session_id
@@ -141,7 +151,7 @@ class CheckpointOutbox:
             self.written_total += 1
             self.bytes_written_total += record.nbytes
 
-    def _put(self, item: SessionStates | CheckpointDrop) -> int:
+    def _put(self, item: SessionStates | CheckpointDrop | CheckpointBlank) -> int:
         self._seq += 1
         self._sent_at[self._seq] = time.monotonic()
         self._expected_after[self._seq] = len(self._expected)
@@ -157,7 +167,7 @@ class CheckpointOutbox:
 
     async def stream(
         self, confirm_on_ack: bool
-    ) -> AsyncIterator[list[SessionStates | CheckpointDrop]]:
+    ) -> AsyncIterator[list[SessionStates | CheckpointDrop | CheckpointBlank]]:
         """The items, until this store is replaced or disconnected, for the one store that
         follows this replica (a new one replaces the one before). Each item is every entry
         queued since the item before, in order (one while the store keeps up, several when it
@@ -308,7 +318,8 @@ class CheckpointOutbox:
 
 async def _next_entries(queue: asyncio.Queue) -> list:
     """The entries of the next stream item: every one queued (waiting for one), except that
-    drops alone wait up to ``DROP_DELAY_S`` for a checkpoint or the stream's end (``None``).
+    drops and blanks alone wait up to ``DROP_DELAY_S`` for a checkpoint or the stream's end
+    (``None``).
     Entries keep their order and numbers, so the accounting of each acknowledgement holds."""
     entries = [await queue.get()]
     loop = asyncio.get_running_loop()
@@ -316,7 +327,7 @@ async def _next_entries(queue: asyncio.Queue) -> list:
     while True:
         while not queue.empty():
             entries.append(queue.get_nowait())
-        if any(e is None or not isinstance(e[1], CheckpointDrop) for e in entries):
+        if any(e is None or isinstance(e[1], SessionStates) for e in entries):
             return entries
         try:
             entries.append(await asyncio.wait_for(queue.get(), deadline - loop.time()))

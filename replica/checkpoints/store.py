@@ -12,7 +12,9 @@ On the replica's own node the store keeps the records it read; on another node i
 once into an object of its own, on its node, so that the replica's node can die too. It keeps
 the latest checkpoint of each session (its ``CheckpointChain``: a whole state, then the deltas
 of the turns after it, folded into one whole state every ``MAX_DELTAS`` deltas, in a thread)
-until the replica says the session was released (``CheckpointDrop``), and acknowledges what it
+until the replica says the session was released (``CheckpointDrop``), and the sessions that hold
+nothing yet (``CheckpointBlank``, until their first checkpoint or their release: what a failover
+that no router remembers them for opens again empty), and acknowledges what it
 has taken (``checkpoints_acked``, at most every ``ACK_INTERVAL_S``: the replica's accounting
 compares its count with what the replica expects). A replica that stops hearing from it (it
 stalled) ends the stream; the controller's ``StoreKeeper`` then has it ``follow`` again, from
@@ -45,7 +47,7 @@ from replica.actor.client import ReplicaClient
 from replica.api import SessionMeta, SessionStates
 from replica.checkpoints.chain import MAX_DELTAS, BrokenChainError, CheckpointChain, fold
 from replica.checkpoints.files import CheckpointFiles
-from replica.checkpoints.outbox import ACK_INTERVAL_S, CheckpointDrop
+from replica.checkpoints.outbox import ACK_INTERVAL_S, CheckpointBlank, CheckpointDrop
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,7 @@ class CheckpointStore:
         self.fenced = False  # the replica was declared dead: drops are ignored (``fence``)
         self.kept: set[str] = set()  # sessions released since the fence, their checkpoints kept
         self.saved: dict[str, CheckpointChain] = {}
+        self.blank: dict[str, tuple[str, float]] = {}  # session id -> tenant, idle timeout
         self.folds = 0  # chains folded into one whole state
         self._folding: set[asyncio.Task] = set()
         self.items = 0
@@ -88,6 +91,7 @@ class CheckpointStore:
     async def _follow(self, replica: Any, copy_here: bool) -> None:
         me = ray.get_runtime_context().current_actor
         self.saved.clear()
+        self.blank.clear()
         self.items = self.acked = 0
         confirm = self.files is not None  # on the volume before the replica counts it stored
         try:
@@ -98,6 +102,8 @@ class CheckpointStore:
                     self._seq = seq = max(self._seq + 1, time.time_ns())
                     if isinstance(item, CheckpointDrop):
                         await self._drop(item, seq)
+                    elif isinstance(item, CheckpointBlank):
+                        self.blank.update((sid, (t, idle)) for sid, t, idle in item.sessions)
                     else:
                         if confirm:
                             await asyncio.to_thread(self._write, item, seq)
@@ -118,6 +124,7 @@ class CheckpointStore:
             await asyncio.to_thread(self._write, drop, seq)
         for session_id in drop.session_ids:
             self.saved.pop(session_id, None)
+            self.blank.pop(session_id, None)
 
     def _write(self, item: SessionStates | CheckpointDrop, seq: int) -> None:
         try:
@@ -130,6 +137,7 @@ class CheckpointStore:
 
     def _keep(self, record: SessionStates, ref: Any, seq: int) -> None:
         meta = record.sessions[0]
+        self.blank.pop(meta.session_id, None)
         try:
             if meta.kv_from:
                 chain = self.saved[meta.session_id]
@@ -226,10 +234,15 @@ class CheckpointStore:
         """Checkpoints held, and their bytes."""
         return len(self.saved), sum(chain.nbytes for chain in self.saved.values())
 
-    async def sessions(self) -> dict[str, str]:
-        """The sessions it holds a checkpoint of, with their tenants: what a router that
-        restarted during this replica's failover has to restore still."""
-        return {sid: chain.meta.tenant for sid, chain in self.saved.items()}
+    async def sessions(self) -> dict[str, tuple[str, float | None]]:
+        """The sessions it holds a checkpoint of, or knows to hold nothing yet: session id ->
+        tenant, and the idle timeout of a blank one (None: it has a checkpoint). What a router
+        that restarted during this replica's failover has to restore, or open again empty."""
+        held: dict[str, tuple[str, float | None]] = {
+            sid: (tenant, idle) for sid, (tenant, idle) in self.blank.items()
+        }
+        held.update((sid, (chain.meta.tenant, None)) for sid, chain in self.saved.items())
+        return held
 
     async def handed_over(self, session_ids: list[str]) -> None:
         """A failover restored ``session_ids`` elsewhere: their checkpoints here are dropped
@@ -238,6 +251,7 @@ class CheckpointStore:
         Idempotent. Their files go too (a failover whose store died reads the files)."""
         for sid in session_ids:
             self.saved.pop(sid, None)
+            self.blank.pop(sid, None)
             self.kept.discard(sid)
         if self.files is not None:
             await asyncio.to_thread(self.files.drop, list(session_ids))

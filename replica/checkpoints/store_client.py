@@ -42,8 +42,9 @@ class CheckpointStoreClient:
         """Checkpoints held, and their bytes."""
         return await self.handle.stats.remote()
 
-    async def sessions(self) -> dict[str, str]:
-        """The sessions it holds a checkpoint of: session id -> tenant."""
+    async def sessions(self) -> dict[str, tuple[str, float | None]]:
+        """The sessions it holds a checkpoint of, or knows to hold nothing yet: session id ->
+        tenant, and a blank one's idle timeout (None: it has a checkpoint)."""
         return await self.handle.sessions.remote()
 
     async def handed_over(self, *, session_ids: list[str]) -> None:

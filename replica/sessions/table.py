@@ -113,8 +113,7 @@ class SessionTable:
         self.sessions[session_id] = slot
         self.residency.opened(slot)
         self.opened_total += 1
-        if prefix_ids:  # opened empty it holds nothing to lose: its first turn checkpoints it
-            self.on_changed([slot])
+        self.on_changed([slot])  # opened empty, it is noted blank (``CheckpointLog``)
         return slot
 
     def _start_from_prefix(self, slot: SessionRecord, prefix: tuple[int, ...]) -> None:

@@ -9,8 +9,9 @@ it) and its checkpoint store, and hands both over with ``recover`` once every li
 back in the router's table.
 
 ``recover`` asks the store which sessions it still holds (a failover tells the store which ones
-it restored: ``CheckpointStore.handed_over``), pins those the table does not know to the dead
-replica, and declares it dead: the ordinary failover then restores them. A session the table
+it restored: ``CheckpointStore.handed_over``) or knows to hold nothing yet, pins those the table
+does not know to the dead replica (a blank one as opened empty), and declares it dead: the
+ordinary failover then restores them, or opens the blank ones again empty. A session the table
 knows (it lives on a replica that registered it) is never restored twice.
 """
 
@@ -25,7 +26,7 @@ from replica.api import ReplicaDescription
 from replica.checkpoints.store_client import CheckpointStoreClient
 from router.control.failover import STORE_WAIT_S
 from router.control.registry import ReplicaRegistry
-from router.control.table import SessionTable
+from router.control.table import BlankOpen, SessionTable
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +61,11 @@ class LostReplicas:
             return 0
         # registered and declared dead even with nothing to restore: its failover ends the
         # store and removes its files, as any failover does (no handle: it is dead)
-        orphans = {sid: tenant for sid, tenant in held.items() if sid not in self.sessions}
-        self.replicas.register(replica_id, None, desc, checkpoints)
-        for sid, tenant in orphans.items():
-            self.sessions.pin(sid, replica_id, tenant)
+        orphans = {sid: held for sid, held in held.items() if sid not in self.sessions}
+        entry = self.replicas.register(replica_id, None, desc, checkpoints)
+        for sid, (tenant, blank_idle_s) in orphans.items():
+            blank = None if blank_idle_s is None else BlankOpen(blank_idle_s, entry.store_epoch)
+            self.sessions.pin(sid, replica_id, tenant, blank)
         log.error(
             "replica %s, dead, is not known to this router (%s): %d sessions in its checkpoint "
             "store fail over",
