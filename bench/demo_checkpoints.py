@@ -8,26 +8,42 @@ clients), the replicas, their checkpoint stores, the router and the rest of Ray.
 off are of each repetition's pair: sessions/s, and CPU per session off ÷ on (what the rate would
 be on a box the demo keeps busy; other work on a shared box moves the rate more than this).
 
+The floor, measured in the same run: a replica sends each checkpoint to its store as one item of
+a long-lived Ray streaming call (backpressure of one item), so each costs at least the CPU of
+such an item in two processes (``bench.harness.stream_item_floor``: a bare producer and
+consumer actor, items of a checkpoint's shape at the rate the demo wrote them). With the
+checkpoints per session the run wrote (the replicas' ``checkpoints_written`` counters on the
+demo's /metrics), the best on ÷ off that one item per checkpoint allows is CPU off ÷ (CPU off +
+checkpoints per session x that item's CPU).
+
 Run: ``python -m bench.demo_checkpoints [--quick]``. Goal: sessions/s on ÷ off >= 0.9.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import subprocess
 import sys
+import urllib.request
 from dataclasses import dataclass
+
+import ray
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.harness import cli
 from bench.harness.cpu import CpuMeter
 from bench.harness.report import Goal, Table, print_goals
-from bench.harness.stats import ratios
+from bench.harness.stats import Spread, ratios
+from bench.harness.stream_item_floor import ItemCost, stream_item_cost
 
 GOAL = 0.9
 RATE = re.compile(r"= ([\d.]+) sessions/s")
 SESSIONS = re.compile(r"^sessions: (\d+)")
 TTFT = re.compile(r"p50 ([\d.]+) ms")
+METRICS = re.compile(r"metrics on (http://\S+)")
+WRITTEN = "session_router_checkpoints_written_total"
 ACTORS = {
     b"ray::ReplicaActor": "replicas",
     b"ray::CheckpointStore": "stores",
@@ -41,6 +57,8 @@ class DemoRun:
     rate: float  # sessions/s
     ttft_ms: float  # p50
     cpu_ms: dict[str, float]  # CPU ms per session, by group, while the sessions ran
+    checkpoints: float  # checkpoints written per session
+    seconds: float  # how long the sessions ran
 
     @property
     def cpu_total_ms(self) -> float:
@@ -57,11 +75,15 @@ def demo(checkpoints: bool, sessions: int) -> DemoRun:
     pipe = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     proc = subprocess.Popen(args, env=env, **pipe)
     meter = CpuMeter({proc.pid: "demo"}, ACTORS)
-    lines, before, after, done = [], None, None, 0
+    lines, before, after, done, url, written = [], None, None, 0, "", [0.0, 0.0]
     for line in proc.stdout:
         lines.append(line)
+        if m := METRICS.search(line):
+            url = m[1]
         if line.startswith("before:"):
-            before = meter.sample()
+            before, written[0] = meter.sample(), checkpoints_written(url)
+        elif line.startswith("after:"):
+            written[1] = checkpoints_written(url)  # the cluster is up until the result line
         elif (m := SESSIONS.match(line)) and before is not None:
             after, done = meter.sample(), int(m[1])
     if proc.wait(timeout=900) != 0 or after is None:
@@ -70,7 +92,33 @@ def demo(checkpoints: bool, sessions: int) -> DemoRun:
     rate, ttft = RATE.search(out), TTFT.search(out)
     spent = CpuMeter.delta(before, after)
     cpu = {group: 1000 * spent.get(group, 0.0) / done for group in GROUPS}
-    return DemoRun(float(rate[1]), float(ttft[1]) if ttft else float("nan"), cpu)
+    ttft_ms = float(ttft[1]) if ttft else float("nan")
+    per_session = (written[1] - written[0]) / done
+    return DemoRun(float(rate[1]), ttft_ms, cpu, per_session, done / float(rate[1]))
+
+
+def checkpoints_written(metrics_url: str) -> float:
+    """Checkpoints the replicas wrote so far, from the demo's /metrics (0 without one)."""
+    if not metrics_url:
+        return 0.0
+    with urllib.request.urlopen(metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == WRITTEN
+    )
+
+
+def item_floor(runs: list[DemoRun], replicas: int = 2) -> ItemCost:
+    """One stream item's CPU at the rate the runs wrote checkpoints per replica."""
+    rate = sum(r.checkpoints * r.rate for r in runs) / len(runs) / replicas
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        return asyncio.run(stream_item_cost(rate=max(rate, 1.0)))
+    finally:
+        ray.shutdown()
 
 
 def main() -> None:
@@ -81,19 +129,44 @@ def main() -> None:
     for _ in range(args.repeats):
         for checkpoints in (False, True):
             runs[checkpoints].append(demo(checkpoints, args.sessions))
-    table = Table("run", "checkpoints", "sessions/s", "TTFT p50 ms", "CPU ms/session", *GROUPS)
+    floor = item_floor(runs[True])
+    table = Table(
+        "run", "checkpoints", "sessions/s", "TTFT p50 ms", "checkpoints/session",
+        "CPU ms/session", *GROUPS,
+    )  # fmt: skip
     for i, pair in enumerate(zip(runs[False], runs[True]), 1):
         for checkpoints, run in zip(("off", "on"), pair):
             cpu = (f"{run.cpu_ms[g]:.1f}" for g in GROUPS)
             table.add(i, checkpoints, f"{run.rate:.1f}", f"{run.ttft_ms:.0f}",
-                      f"{run.cpu_total_ms:.1f}", *cpu)  # fmt: skip
+                      f"{run.checkpoints:.2f}", f"{run.cpu_total_ms:.1f}", *cpu)  # fmt: skip
     table.print()
+    print(
+        f"\nfloor: one checkpoint-shaped stream item costs {floor.producer_ms:.2f} ms of CPU in "
+        f"the producer and {floor.consumer_ms:.2f} ms in the consumer ({floor.total_ms:.2f} ms)"
+    )
     rate = ratios([r.rate for r in runs[True]], [r.rate for r in runs[False]])
     cpu = ratios([r.cpu_total_ms for r in runs[False]], [r.cpu_total_ms for r in runs[True]])
+    ceiling = [
+        off.cpu_total_ms / (off.cpu_total_ms + on.checkpoints * floor.total_ms)
+        for off, on in zip(runs[False], runs[True])
+    ]
+    above = [
+        on.cpu_total_ms - off.cpu_total_ms - on.checkpoints * floor.total_ms
+        for off, on in zip(runs[False], runs[True])
+    ]
+    print(
+        "CPU per session that checkpoints cost above that floor: "
+        + ", ".join(f"{ms:.1f} ms" for ms in above)
+    )
     print_goals(
         [
             Goal("demo sessions/s, checkpoints on / off", rate, GOAL),
             Goal("demo CPU per session, checkpoints off / on", cpu, GOAL),
+            Goal(
+                "floor: CPU off / (off + one stream item per checkpoint)",
+                Spread.of(ceiling),
+                GOAL,
+            ),
         ]
     )
 

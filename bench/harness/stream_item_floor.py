@@ -1,0 +1,98 @@
+"""The CPU one item of a long-lived Ray streaming call costs its two processes, nothing else.
+
+A replica sends each session checkpoint to its store as one item of such a call, with a
+backpressure of one item (``ReplicaClient.checkpoint_stream``); whatever the replica and the
+store do besides, each checkpoint costs at least this. ``StreamProducer`` yields items of a
+checkpoint's shape (a list of one ``SessionStates`` with ``nbytes`` of raw state) at a given
+rate to a ``StreamConsumer`` that takes them as the store does (``await ref``); both processes'
+CPU is read from /proc over the run, less what each spends idle over the same time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import ray
+
+from replica.api import STATE_FORMAT, SessionMeta, SessionStates
+
+
+@dataclass(frozen=True)
+class ItemCost:
+    producer_ms: float  # CPU per item in the producing process
+    consumer_ms: float  # ... and in the consuming one
+
+    @property
+    def total_ms(self) -> float:
+        return self.producer_ms + self.consumer_ms
+
+
+def checkpoint_shaped(i: int, nbytes: int) -> list[SessionStates]:
+    meta = SessionMeta(f"session-{i}", "", 60.0, 100 + i, (), 0.0, 100)
+    raw = [np.zeros(nbytes // 4, np.uint8) for _ in range(4)]
+    return [SessionStates(STATE_FORMAT, "floor", "float32", "float32", (meta,), *raw)]
+
+
+def process_cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@ray.remote(num_cpus=0)
+class StreamProducer:
+    def __init__(self) -> None:
+        self.items: asyncio.Queue = asyncio.Queue()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    async def stream(self):
+        while (item := await self.items.get()) is not None:
+            yield item
+
+    async def produce(self, count: int, rate: float, nbytes: int) -> None:
+        start = time.monotonic()
+        for i in range(count):
+            self.items.put_nowait(checkpoint_shaped(i, nbytes))
+            await asyncio.sleep(max(0.0, start + (i + 1) / rate - time.monotonic()))
+        self.items.put_nowait(None)
+
+
+@ray.remote(num_cpus=0)
+class StreamConsumer:
+    def pid(self) -> int:
+        return os.getpid()
+
+    async def consume(self, producer) -> int:
+        taken = 0
+        stream = producer.stream.options(_generator_backpressure_num_objects=1).remote()
+        async for ref in stream:
+            taken += len(await ref)
+        return taken
+
+
+async def stream_item_cost(rate: float = 50.0, seconds: float = 8.0, nbytes: int = 28_416):
+    """``ItemCost`` of one item, at ``rate`` items/s for ``seconds`` (Ray must be initialised)."""
+    producer, consumer = StreamProducer.remote(), StreamConsumer.remote()
+    pids = await asyncio.gather(producer.pid.remote(), consumer.pid.remote())
+    before, t0 = [process_cpu_s(p) for p in pids], time.monotonic()
+    await asyncio.sleep(seconds / 2)
+    idle = [(process_cpu_s(p) - b) / (time.monotonic() - t0) for p, b in zip(pids, before)]
+    count = int(rate * seconds)
+    before, t0 = [process_cpu_s(p) for p in pids], time.monotonic()
+    taking = consumer.consume.remote(producer)
+    await producer.produce.remote(count, rate, nbytes)
+    if await taking != count:
+        raise RuntimeError("the floor's consumer missed items")
+    spent = time.monotonic() - t0
+    per_item = [
+        (process_cpu_s(p) - b - i * spent) / count * 1e3 for p, b, i in zip(pids, before, idle)
+    ]
+    for actor in (producer, consumer):
+        ray.kill(actor)
+    return ItemCost(*per_item)
