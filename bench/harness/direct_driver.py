@@ -28,6 +28,7 @@ class DirectDriver:
         self.handles = handles
         self.gateway_id = f"bench-direct-{secrets.token_hex(4)}"
         self.inboxes: dict[str, Inbox] = {}
+        self.items = 0  # output stream items taken, over every replica
         self._next = itertools.cycle(handles)
         self._calls = {id(h): ReplicaCalls(self.gateway_id, h) for h in handles}
         loop = asyncio.get_running_loop()
@@ -36,6 +37,7 @@ class DirectDriver:
     async def _pump(self, handle: Any) -> None:
         async for ref in handle.stream_outputs.remote(self.gateway_id):
             hand_out(await ref, self.inboxes)
+            self.items += 1
 
     async def open(self, handle: Any) -> str:
         """Opens a session on ``handle``'s replica (one actor call); returns its id."""

@@ -1,11 +1,13 @@
 """The CPU one item of a long-lived Ray streaming call costs its two processes, nothing else.
 
 A replica sends each session checkpoint to its store as one item of such a call, with a
-backpressure of one item (``ReplicaClient.checkpoint_stream``); whatever the replica and the
-store do besides, each checkpoint costs at least this. ``StreamProducer`` yields items of a
-checkpoint's shape (a list of one ``SessionStates`` with ``nbytes`` of raw state) at a given
-rate to a ``StreamConsumer`` that takes them as the store does (``await ref``); both processes'
-CPU is read from /proc over the run, less what each spends idle over the same time.
+backpressure of one item (``ReplicaClient.checkpoint_stream``), and each gateway's outputs as
+items of another (``ReplicaActor.stream_outputs``); whatever the replica and its reader do
+besides, each item costs at least this. ``StreamProducer`` yields items made by ``make_item``
+(``CheckpointItem``: a list of one ``SessionStates`` with ``nbytes`` of raw state; ``RowsItem``:
+one entry of ``rows`` token rows, as the replica sends a gateway) at a given rate to a
+``StreamConsumer`` that takes them as the store and the gateway do (``await ref``); both
+processes' CPU is read from /proc over the run, less what each spends idle over the same time.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,10 +34,28 @@ class ItemCost:
         return self.producer_ms + self.consumer_ms
 
 
-def checkpoint_shaped(i: int, nbytes: int) -> list[SessionStates]:
-    meta = SessionMeta(f"session-{i}", "", 60.0, 100 + i, (), 0.0, 100)
-    raw = [np.zeros(nbytes // 4, np.uint8) for _ in range(4)]
-    return [SessionStates(STATE_FORMAT, "floor", "float32", "float32", (meta,), *raw)]
+@dataclass(frozen=True)
+class CheckpointItem:
+    """A checkpoint as the replica streams it to its store: one session's state of ``nbytes``."""
+
+    nbytes: int = 28_416
+
+    def __call__(self, i: int) -> list[SessionStates]:
+        meta = SessionMeta(f"session-{i}", "", 60.0, 100 + i, (), 0.0, 100)
+        raw = [np.zeros(self.nbytes // 4, np.uint8) for _ in range(4)]
+        return [SessionStates(STATE_FORMAT, "floor", "float32", "float32", (meta,), *raw)]
+
+
+@dataclass(frozen=True)
+class RowsItem:
+    """A gateway's outputs item: one entry of ``rows`` token rows (``replica.api.TokenRows``:
+    session ids, turn ids, token ids, texts), one row per session of a decode step."""
+
+    rows: int
+
+    def __call__(self, i: int) -> list[tuple[list[str], list[int], list[int], list[str]]]:
+        sessions = [f"{s:032x}" for s in range(self.rows)]
+        return [(sessions, [i] * self.rows, list(range(self.rows)), ["ab"] * self.rows)]
 
 
 def process_cpu_s(pid: int) -> float:
@@ -55,10 +76,10 @@ class StreamProducer:
         while (item := await self.items.get()) is not None:
             yield item
 
-    async def produce(self, count: int, rate: float, nbytes: int) -> None:
+    async def produce(self, count: int, rate: float, make_item: Callable[[int], list]) -> None:
         start = time.monotonic()
         for i in range(count):
-            self.items.put_nowait(checkpoint_shaped(i, nbytes))
+            self.items.put_nowait(make_item(i))
             await asyncio.sleep(max(0.0, start + (i + 1) / rate - time.monotonic()))
         self.items.put_nowait(None)
 
@@ -76,7 +97,9 @@ class StreamConsumer:
         return taken
 
 
-async def stream_item_cost(rate: float = 50.0, seconds: float = 8.0, nbytes: int = 28_416):
+async def stream_item_cost(
+    rate: float = 50.0, seconds: float = 8.0, make_item: Callable[[int], list] = CheckpointItem()
+) -> ItemCost:
     """``ItemCost`` of one item, at ``rate`` items/s for ``seconds`` (Ray must be initialised)."""
     producer, consumer = StreamProducer.remote(), StreamConsumer.remote()
     pids = await asyncio.gather(producer.pid.remote(), consumer.pid.remote())
@@ -86,7 +109,7 @@ async def stream_item_cost(rate: float = 50.0, seconds: float = 8.0, nbytes: int
     count = int(rate * seconds)
     before, t0 = [process_cpu_s(p) for p in pids], time.monotonic()
     taking = consumer.consume.remote(producer)
-    await producer.produce.remote(count, rate, nbytes)
+    await producer.produce.remote(count, rate, make_item)
     if await taking != count:
         raise RuntimeError("the floor's consumer missed items")
     spent = time.monotonic() - t0
