@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Awaitable
 
 from bench.harness.cpu import CpuMeter
 from bench.harness.direct_driver import DirectDriver
@@ -24,6 +25,7 @@ from bench.harness.inprocess_driver import InProcessDriver
 from bench.harness.report import Table
 from bench.harness.stats import Spread, ratios
 from bench.harness.stream_item_floor import ItemCost, RowsItem, stream_item_cost
+from bench.harness.workload import TokenRounds
 
 
 class ActorFloor:
@@ -45,18 +47,23 @@ class ActorFloor:
 
     async def rounds(self, sessions: int, new_tokens: int = 64, rounds: int = 3) -> None:
         """One run of each path: ``rounds`` turns of ``new_tokens`` on ``sessions`` at once."""
-        f = self.figures
-        before, items = self.cpu.sample(), self.direct.items
-        run = await self.direct.token_rounds(sessions, new_tokens, rounds)
-        used = CpuMeter.delta(before, self.cpu.sample())
+        f, items = self.figures, self.direct.items
+        run, used = await self._metered(self.direct.token_rounds(sessions, new_tokens, rounds))
         f[f"actor {sessions}"].append(run.rate)
         f[f"actor CPU {sessions}"].append(used["replica"] / run.tokens * 1e6)
         f[f"items/token {sessions}"].append((self.direct.items - items) / run.tokens)
-        before = self.cpu.sample()
-        run = self.inproc.token_rounds(sessions, new_tokens, rounds)
-        used = CpuMeter.delta(before, self.cpu.sample())
+        run, used = await self._metered(self._inproc_rounds(sessions, new_tokens, rounds))
         f[f"in-process {sessions}"].append(run.rate)
         f[f"in-process CPU {sessions}"].append(used["gateway"] / run.tokens * 1e6)
+
+    async def _inproc_rounds(self, sessions: int, new_tokens: int, rounds: int) -> TokenRounds:
+        return self.inproc.token_rounds(sessions, new_tokens, rounds)
+
+    async def _metered(self, work: Awaitable[TokenRounds]) -> tuple[TokenRounds, dict[str, float]]:
+        """``work``'s rounds and the CPU each process group spent meanwhile."""
+        before = self.cpu.sample()
+        run = await work
+        return run, CpuMeter.delta(before, self.cpu.sample())
 
     async def measure_items(self, seconds: float) -> None:
         """The CPU of one item of the shape and at the rate the actor's runs streamed."""

@@ -102,20 +102,22 @@ async def stream_item_cost(
 ) -> ItemCost:
     """``ItemCost`` of one item, at ``rate`` items/s for ``seconds`` (Ray must be initialised)."""
     producer, consumer = StreamProducer.remote(), StreamConsumer.remote()
-    pids = await asyncio.gather(producer.pid.remote(), consumer.pid.remote())
-    before, t0 = [process_cpu_s(p) for p in pids], time.monotonic()
-    await asyncio.sleep(seconds / 2)
-    idle = [(process_cpu_s(p) - b) / (time.monotonic() - t0) for p, b in zip(pids, before)]
-    count = int(rate * seconds)
-    before, t0 = [process_cpu_s(p) for p in pids], time.monotonic()
-    taking = consumer.consume.remote(producer)
-    await producer.produce.remote(count, rate, make_item)
-    if await taking != count:
-        raise RuntimeError("the floor's consumer missed items")
-    spent = time.monotonic() - t0
-    per_item = [
-        (process_cpu_s(p) - b - i * spent) / count * 1e3 for p, b, i in zip(pids, before, idle)
-    ]
-    for actor in (producer, consumer):
-        ray.kill(actor)
-    return ItemCost(*per_item)
+    try:
+        pids = await asyncio.gather(producer.pid.remote(), consumer.pid.remote())
+        before, t0 = [process_cpu_s(p) for p in pids], time.monotonic()
+        await asyncio.sleep(seconds / 2)
+        idle = [(process_cpu_s(p) - b) / (time.monotonic() - t0) for p, b in zip(pids, before)]
+        count = int(rate * seconds)
+        before, t0 = [process_cpu_s(p) for p in pids], time.monotonic()
+        taking = consumer.consume.remote(producer)
+        await producer.produce.remote(count, rate, make_item)
+        if await taking != count:
+            raise RuntimeError("the floor's consumer missed items")
+        spent = time.monotonic() - t0
+        per_item = [
+            (process_cpu_s(p) - b - i * spent) / count * 1e3 for p, b, i in zip(pids, before, idle)
+        ]
+        return ItemCost(*per_item)
+    finally:  # the bare pair goes, whatever the measure ended with
+        for actor in (producer, consumer):
+            ray.kill(actor)
