@@ -35,9 +35,12 @@ exists to catch:
   move that landed raises before it touches any state / ends the source's process: the sessions
   are on the target and still on the source. The router keeps exactly one copy: the target's
   if the source is gone, else the source's (the target's is released; ``router.control.landing``).
-The counted faults ``import_*`` and ``finish_export_*`` may also be armed on a live replica, for
-tests and chaos runs, with ``CallFaults.arm`` (through the actor's ``__ray_call__``); each fires
-once.
+- ``checkpoint_ack_fails``: the replica's first (or N-th) ``checkpoints_acked`` raises before it
+  touches any state, as a transient Ray error would: the store sends that acknowledgement again
+  (else the ``checkpoints`` pool would show the counts before it until the next item).
+The counted faults ``import_*``, ``finish_export_*`` and ``checkpoint_ack_fails`` may also be
+armed on a live replica, for tests and chaos runs, with ``CallFaults.arm`` (through the actor's
+``__ray_call__``); each fires once.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ NAMES = (
     "import_stalls",
     "finish_export_fails",
     "finish_export_crashes",
+    "checkpoint_ack_fails",
 )
 COUNTED = (
     "import_fails",
@@ -68,6 +72,7 @@ COUNTED = (
     "import_stalls",
     "finish_export_fails",
     "finish_export_crashes",
+    "checkpoint_ack_fails",
 )
 STALL_S = 8.0  # how long ``import_stalls`` holds its import's answer
 CALLS_THAT_RAISE = ("submit_turns", "open_sessions")  # what replica_call_raises arms, once each

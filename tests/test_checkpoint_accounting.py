@@ -78,6 +78,31 @@ def test_checkpoints_are_written_freed_and_a_leaked_one_shows(ray_cluster):
         ray.kill(store)
 
 
+def test_an_acknowledgement_that_fails_is_sent_again(ray_cluster):
+    """The acknowledgement after a drop is the replica's only news of it: one that fails while
+    the replica lives (``checkpoint_ack_fails``: the call raises) is sent again, so the freed
+    checkpoint shows free within moments instead of held until some later turn."""
+    replica, store = replica_with_store("ckpt-ack-fails")
+    wait_for(lambda: checkpoints_pool(replica) == (6, 6, 0, 0), 30, 0.05, "a store")
+    ray.get(replica.open_session.remote("a"))
+    turn = replica.submit_turn.remote("", "a", None, [5, 6, 7], SamplingParams(4))
+    assert isinstance(ray.get(turn), int)
+    wait_for(lambda: checkpoints_pool(replica) == (6, 5, 1, 0), 30, 0.05, "a written")
+    arm = replica.__ray_call__.remote(
+        lambda actor: actor.checkpoints.call_faults.arm("checkpoint_ack_fails")
+    )
+    ray.get(arm)
+    assert ray.get(replica.close_sessions.remote(["a"])).was_open == (True,)
+    wait_for(lambda: checkpoints_pool(replica) == (6, 6, 0, 0), 10, 0.05, "the drop acknowledged")
+    fired = replica.__ray_call__.remote(
+        lambda actor: not actor.checkpoints.call_faults.fires("checkpoint_ack_fails")
+    )
+    assert ray.get(fired), "the acknowledgement after the drop did not fail: nothing was tested"
+    assert ray.get(store.stats.remote())[0] == 0
+    ray.kill(replica)
+    ray.kill(store)
+
+
 def test_the_checkpoints_pool_is_in_every_snapshot_from_the_first():
     """Before a store has connected (or after it went), no checkpoint of the replica is stored
     anywhere: the pool shows every slot free, so dashboards never see it come and go."""

@@ -35,6 +35,7 @@ from replica.api import SessionStates
 from replica.checkpoints.log import CheckpointBatch
 from replica.checkpoints.outbox import CheckpointBlank, CheckpointDrop, CheckpointOutbox
 from replica.checkpoints.store_client import CheckpointStoreClient
+from replica.failpoints import CallFaults
 
 if TYPE_CHECKING:
     from replica.engine.engine import Engine
@@ -58,13 +59,16 @@ class CheckpointCalls:
         tasks: BackgroundTasks,
         dispatch: Callable[[list[StepOutputs]], None],
         enabled: bool,
+        faults: CallFaults,
     ) -> None:
         """``dispatch``: where the engine's events go on to; ``enabled``: checkpoints are on
-        (else every call here is a no-op, and events go straight on)."""
+        (else every call here is a no-op, and events go straight on); ``faults``: the replica's
+        (``checkpoint_ack_fails``)."""
         self.engine = engine
         self.host = host
         self.tasks = tasks
         self._send = dispatch
+        self.call_faults = faults
         self.store: Any = None  # the handle of the store that follows (or followed) last
         self.outbox: CheckpointOutbox | None = None
         if enabled:
@@ -108,6 +112,7 @@ class CheckpointCalls:
             yield item
 
     def acked(self, seq: int, held: int, held_bytes: int) -> None:
+        self.call_faults.raise_if("checkpoint_ack_fails", "checkpoints_acked")
         if self.outbox is not None:
             self.outbox.acked(seq, held, held_bytes)
 

@@ -82,7 +82,12 @@ class ReplicaActor:
         faults = failpoints.CallFaults(config.failpoints)
         self.outputs = OutputStreams(self.engine, self.host, self.tasks)
         self.checkpoints = CheckpointCalls(
-            self.engine, self.host, self.tasks, self.outputs.dispatch, config.session_checkpoints
+            self.engine,
+            self.host,
+            self.tasks,
+            self.outputs.dispatch,
+            config.session_checkpoints,
+            faults,
         )
         self.status = ReplicaStatus(
             replica_id, config, self.engine, self.host, model.chat_prompts, self.outputs

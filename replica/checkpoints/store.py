@@ -182,22 +182,35 @@ class CheckpointStore:
         ``ACK_INTERVAL_S`` at most (they carry counts only: the stream tells the replica what
         the store has)."""
         if self._acking is None or self._acking.done():
-            task = self._send_acks(replica, ACK_INTERVAL_S if self.files is None else 0.0)
+            interval_s = ACK_INTERVAL_S if self.files is None else 0.0
+            task = self._send_acks(replica, interval_s, self._ended)
             self._acking = asyncio.get_running_loop().create_task(task)
 
-    async def _send_acks(self, replica: Any, interval_s: float) -> None:
+    async def _send_acks(self, replica: Any, interval_s: float, ended: asyncio.Event) -> None:
+        """Until every entry taken is acknowledged. One that fails while the replica lives (a
+        transient Ray error, a call that raised) is sent again after ``ACK_INTERVAL_S``: the
+        last one after a drop is the only news of that drop the replica's accounting gets.
+        Stops when the replica died or this stream ended (a new stream counts afresh)."""
         while self.acked < self.items:
-            self.acked = self.items
+            sent = self.acked = self.items
             # what it holds for the replica's open sessions: a checkpoint kept past its
             # session's release (``fence``) is the failover's, not a leak of the replica's
             held = [chain for sid, chain in self.saved.items() if sid not in self.kept]
             held_bytes = sum(chain.nbytes for chain in held)
             try:
                 await ReplicaClient(replica).checkpoints_acked(
-                    seq=self.acked, held=len(held), held_bytes=held_bytes
+                    seq=sent, held=len(held), held_bytes=held_bytes
                 )
-            except Exception:  # noqa: BLE001 - the replica died
+            except ray.exceptions.ActorDiedError:
                 return
+            except Exception as exc:  # noqa: BLE001 - the replica lives: send it again
+                if ended.is_set():
+                    return
+                log.warning("acknowledging checkpoints to %s failed: %s", self.replica_id, exc)
+                if self.acked == sent:
+                    self.acked = sent - 1  # at least this one again, with the counts then
+                await asyncio.sleep(ACK_INTERVAL_S)
+                continue
             if interval_s:
                 await asyncio.sleep(interval_s)
 
