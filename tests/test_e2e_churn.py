@@ -23,6 +23,10 @@ from tests.support.servers import serve_cluster
 SESSIONS = 250  # 25 of each kind: every path many times over, at half the wall time of 500
 CLIENTS = 16
 IDLE_TIMEOUT_S = 2.0  # server default; leftovers below also ask for a shorter one
+# a session's own, shorter timeout: it starts at the open, so it must outlast the open's answer
+# and the first turn's arrival on a loaded 2-core box (at 0.5 s a late first turn can find its
+# session released: NOT_FOUND)
+SHORT_IDLE_TIMEOUT_S = 1.0
 KINDS = (
     "generate",
     "generate",
@@ -158,7 +162,7 @@ async def run_session(client: AsyncSessionClient, i: int) -> str:
     elif kind == "leave_open":
         await run_generate(client, i, close=False)
     elif kind == "leave_open_short":
-        await run_generate(client, i, close=False, idle_timeout_s=0.5)
+        await run_generate(client, i, close=False, idle_timeout_s=SHORT_IDLE_TIMEOUT_S)
     elif kind == "generate_cancel":
         await run_generate_cancel(client, i)
     else:
