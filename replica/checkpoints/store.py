@@ -48,6 +48,7 @@ from replica.api import SessionMeta, SessionStates
 from replica.checkpoints.chain import MAX_DELTAS, BrokenChainError, CheckpointChain, fold
 from replica.checkpoints.files import CheckpointFiles
 from replica.checkpoints.outbox import ACK_INTERVAL_S, CheckpointBlank, CheckpointDrop
+from replica.checkpoints.stream_reads import next_ref
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,11 @@ class CheckpointStore:
         confirm = self.files is not None  # on the volume before the replica counts it stored
         try:
             stream = ReplicaClient(replica).checkpoint_stream(store=me, confirm_on_ack=confirm)
-            async for ref in stream:
+            while True:
+                try:
+                    ref = await next_ref(stream)
+                except StopAsyncIteration:
+                    break
                 entries = await ref
                 for item in entries:
                     self._seq = seq = max(self._seq + 1, time.time_ns())

@@ -21,6 +21,7 @@ import grpc
 import ray
 
 from replica.api import PoolSnapshot
+from replica.checkpoints.outbox import STALL_S
 from router.config import ServeConfig
 from router.control.api import FleetView, ReplicaHealth
 from router.ops.serve import Server
@@ -37,6 +38,12 @@ SMALL = dict(
     strict=True,
 )
 _servers = itertools.count()
+
+
+# How long a released session's checkpoint may still show held: a Ray stream item that is never
+# delivered to the checkpoint store (seen under load, replica/checkpoints/stream_reads.py) holds
+# the drop back until the replica's stall bound restarts the store's stream.
+SETTLE_S = STALL_S + 5.0
 
 
 class ServerThread:
@@ -141,7 +148,7 @@ class ServerThread:
                 assert snap.running_requests == snap.waiting_requests == 0, r
 
     def wait_at_capacity(
-        self, replica_ids: Iterable[str] | None = None, timeout: float = 10.0
+        self, replica_ids: Iterable[str] | None = None, timeout: float = SETTLE_S
     ) -> None:
         """Poll until every replica holds no session and its pools are free, then check."""
         ids = list(self.replicas if replica_ids is None else replica_ids)

@@ -17,7 +17,7 @@ import grpc
 
 from replica import failpoints as replica_failpoints
 from router.client import SessionClient
-from tests.support.cluster import ServerThread
+from tests.support.cluster import SETTLE_S, ServerThread
 
 
 @contextmanager
@@ -67,7 +67,7 @@ ALICE, BOB, ADMIN = "alice-key-0123456789", "bob-key-9876543210", "ops-key-55555
 TENANTS = {ALICE: "alice", BOB: "bob", ADMIN: "ops admin"}
 
 
-def leave_clean(server: ServerThread, timeout: float = 10.0) -> None:
+def leave_clean(server: ServerThread, timeout: float = SETTLE_S) -> None:
     """What every test of a shared server ends with: no session open on any replica and every
     pool entirely free, nothing leaked (strict snapshots and the replicas' own check)."""
     server.wait_at_capacity(timeout=timeout)

@@ -1,0 +1,73 @@
+"""``next_ref`` reads a Ray streaming call item by item, and takes an item that Ray's async read
+slept through (the read still waiting, the item ready) within ``RECHECK_S``.
+
+The first test reads a real streaming actor call to its end. The second makes the missed
+wake-up happen: Ray's miss cannot be caused on purpose, so its stream is a stand-in whose
+pending read never wakes although its next item is ready, as the checkpoint store's read was
+seen to under load; before ``next_ref`` that read waited until some later event (10 s and more).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import ray
+
+from replica.checkpoints.stream_reads import RECHECK_S, next_ref
+
+
+@ray.remote
+class Counter:
+    async def count(self, n: int):
+        for i in range(n):
+            await asyncio.sleep(0.01 if i % 2 else 0.3)  # gaps longer than RECHECK_S too
+            yield i
+
+
+def test_a_real_stream_is_read_in_order_to_its_end(ray_cluster):
+    async def read_all() -> list[int]:
+        stream = Counter.remote().count.options(_generator_backpressure_num_objects=1).remote(5)
+        values = []
+        while True:
+            try:
+                values.append(await (await next_ref(stream)))
+            except StopAsyncIteration:
+                return values
+
+    assert asyncio.run(read_all()) == [0, 1, 2, 3, 4]
+
+
+class SleptThrough:
+    """A stream whose first read never wakes, though its item is ready (``next_ready``)."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.cancelled = False
+
+    def next_ready(self) -> bool:
+        return True
+
+    async def __anext__(self) -> str:
+        self.reads += 1
+        if self.reads == 1:
+            try:
+                await asyncio.Event().wait()  # the wake-up that never comes
+            except asyncio.CancelledError:
+                self.cancelled = True
+                raise
+        return "item"
+
+
+def test_an_item_the_read_slept_through_is_taken_within_the_recheck():
+    stream = SleptThrough()
+
+    async def read() -> tuple[str, float]:
+        start = time.monotonic()
+        ref = await next_ref(stream)
+        await asyncio.sleep(0)  # the sleeping read's cancellation lands
+        return ref, time.monotonic() - start
+
+    ref, waited = asyncio.run(read())
+    assert ref == "item" and stream.reads == 2 and stream.cancelled
+    assert waited < RECHECK_S + 0.5
