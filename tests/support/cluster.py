@@ -40,9 +40,9 @@ SMALL = dict(
 _servers = itertools.count()
 
 
-# How long a released session's checkpoint may still show held: a Ray stream item that is never
-# delivered to the checkpoint store (seen under load, replica/checkpoints/stream_reads.py) holds
-# the drop back until the replica's stall bound restarts the store's stream.
+# How long a released session's checkpoint may still show held: under load it was seen to for 5
+# to 10 s, the cause not found, always exact again within the replica's stall bound (after which
+# its store follows again from nothing; docs/checkpoint-stores.md).
 SETTLE_S = STALL_S + 5.0
 
 
