@@ -41,8 +41,8 @@ _servers = itertools.count()
 
 
 # How long a released session's checkpoint may still show held: under load it was seen to for 5
-# to 10 s and, more rarely, past 15 s; the cause is not found (docs/checkpoint-stores.md). The
-# replica's stall bound (STALL_S) ends such a stream and its store follows again from nothing.
+# to 10 s and, more rarely, past 15 s and once past 30 s; the cause is not found
+# (docs/checkpoint-stores.md). The replica's stall bound (STALL_S) ends most such states.
 SETTLE_S = 3 * STALL_S
 
 
