@@ -1,5 +1,6 @@
-"""``next_ref`` reads a Ray streaming call item by item, and takes an item that Ray's async read
-slept through (the read still waiting, the item ready) within ``RECHECK_S``.
+"""``next_ref`` (and ``refs``, the store's loop over it) reads a Ray streaming call item by
+item, and takes an item that Ray's async read slept through (the read still waiting, the item
+ready) within ``RECHECK_S``.
 
 The first test reads a real streaming actor call to its end. The second makes the missed
 wake-up happen: Ray's miss cannot be caused on purpose, so its stream is a stand-in whose
@@ -14,7 +15,7 @@ import time
 
 import ray
 
-from replica.checkpoints.stream_reads import RECHECK_S, next_ref
+from replica.checkpoints.stream_reads import RECHECK_S, next_ref, refs
 
 
 @ray.remote
@@ -28,12 +29,7 @@ class Counter:
 def test_a_real_stream_is_read_in_order_to_its_end(ray_cluster):
     async def read_all() -> list[int]:
         stream = Counter.remote().count.options(_generator_backpressure_num_objects=1).remote(5)
-        values = []
-        while True:
-            try:
-                values.append(await (await next_ref(stream)))
-            except StopAsyncIteration:
-                return values
+        return [await ref async for ref in refs(stream)]
 
     assert asyncio.run(read_all()) == [0, 1, 2, 3, 4]
 

@@ -48,7 +48,7 @@ from replica.api import SessionMeta, SessionStates
 from replica.checkpoints.chain import MAX_DELTAS, BrokenChainError, CheckpointChain, fold
 from replica.checkpoints.files import CheckpointFiles
 from replica.checkpoints.outbox import ACK_INTERVAL_S, CheckpointBlank, CheckpointDrop
-from replica.checkpoints.stream_reads import next_ref
+from replica.checkpoints.stream_reads import refs
 
 log = logging.getLogger(__name__)
 
@@ -97,11 +97,7 @@ class CheckpointStore:
         confirm = self.files is not None  # on the volume before the replica counts it stored
         try:
             stream = ReplicaClient(replica).checkpoint_stream(store=me, confirm_on_ack=confirm)
-            while True:
-                try:
-                    ref = await next_ref(stream)
-                except StopAsyncIteration:
-                    break
+            async for ref in refs(stream):
                 entries = await ref
                 for item in entries:
                     self._seq = seq = max(self._seq + 1, time.time_ns())

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -42,3 +43,12 @@ async def next_ref(stream: Any, recheck_s: float = RECHECK_S) -> Any:
     finally:
         if not read.done():
             read.cancel()
+
+
+async def refs(stream: Any) -> AsyncIterator[Any]:
+    """``stream``'s item references in order, each read with ``next_ref``."""
+    while True:
+        try:
+            yield await next_ref(stream)
+        except StopAsyncIteration:
+            return
