@@ -242,12 +242,7 @@ def check_end_state(cluster: Cluster, report: ChaosReport) -> None:
     snaps: list = []
     while time.monotonic() < deadline:  # abandoned sessions end at their idle timeout
         snaps = ray.get([fleet.replicas[r].check_invariant.remote() for r in live], timeout=60)
-        at_capacity = all(
-            isinstance(s, PoolSnapshot)
-            and s.open_sessions == 0
-            and all(p.free + p.cached == p.capacity for p in s.pools)  # cached: evictable
-            for s in snaps
-        )
+        at_capacity = all(isinstance(s, PoolSnapshot) and s.at_capacity for s in snaps)
         if at_capacity and ray.get(server.router.session_count.remote()) == 0:
             break
         time.sleep(0.5)

@@ -466,6 +466,10 @@ class CheckpointStats:
     # sessions whose turn's end went out without its checkpoint stored (the hold bound passed),
     # until one is: a client may have seen a turn that no checkpoint holds
     let_go: frozenset[str] = frozenset()
+    # entries sent to its store that no acknowledgement counts yet: the ``checkpoints`` pool is
+    # as of the last acknowledgement, so it is settled (a drop after a released session's last
+    # checkpoint counted too) only when this is 0
+    unacked: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -517,6 +521,18 @@ class PoolSnapshot:
     @property
     def consistent(self) -> bool:
         return all(stats.leaked == 0 for stats in self.pools)
+
+    @property
+    def at_capacity(self) -> bool:
+        """Nothing open or running, every pool free but for cached states (evictable), and
+        the checkpoint accounting settled: a released session's last checkpoint and its drop
+        reach the store one after the other, and the ``checkpoints`` pool counts what the store
+        acknowledged, so it is free for certain only once every entry is."""
+        return (
+            self.open_sessions == self.running_requests == self.waiting_requests == 0
+            and self.checkpoints.unacked == 0
+            and all(stats.free + stats.cached == stats.capacity for stats in self.pools)
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,9 @@ Accounting, exact at each acknowledgement: ``expected`` is how many sessions of 
 must have a checkpoint once every item sent so far is applied; the store's acknowledgement says
 how many it holds after the same item. The ``checkpoints`` pool: capacity = sessions the replica
 can hold, ``session_held`` = expected, ``free`` = capacity - held by the store, so ``leaked`` =
-store's count - expected: a checkpoint the store keeps for a released session shows.
+store's count - expected: a checkpoint the store keeps for a released session shows. The
+pool is as of the last acknowledgement: ``unacked`` (in ``stats``) counts the entries queued
+since, so a reader knows the pool is final only when it is 0.
 Used on the actor's event loop only (``pool_stats`` and ``stats`` may be read from the engine
 thread).
 """
@@ -108,7 +110,7 @@ class CheckpointOutbox:
         self._unfreed_at: dict[int, int] = {}  # item seq -> ``_unfreed`` when it was queued
         self._chains: dict[str, int] = {}  # session id -> committed_len of its last record queued
         self._durable: list[tuple[set[str], asyncio.Future]] = []  # ``durable`` callers
-        self._acked = (0, 0, 0)  # (store held, expected, store bytes) at the last ack
+        self._acked = (0, 0, 0, 0)  # (store held, expected, store bytes, entry) at the last ack
         self.written_total = 0
         self.bytes_written_total = 0
         self.recheckpointed_total = 0
@@ -132,8 +134,8 @@ class CheckpointOutbox:
             self._chains.pop(session_id, None)
         if unfreed:  # released, their checkpoints not freed (a failpoint): leaked from now on
             self._unfreed += len(unfreed)
-            store_held, expected, store_bytes = self._acked
-            self._acked = (store_held, expected - len(unfreed), store_bytes)
+            store_held, expected, store_bytes, seq = self._acked
+            self._acked = (store_held, expected - len(unfreed), store_bytes, seq)
         if batch.dropped:
             self._put(CheckpointDrop(tuple(batch.dropped)))
         if batch.blank:
@@ -232,7 +234,7 @@ class CheckpointOutbox:
             return  # a store that is no longer followed: its count is of another stream
         expected = self._expected_after.get(seq, len(self._expected))
         expected -= self._unfreed - self._unfreed_at.get(seq, self._unfreed)  # leaked since
-        self._acked = (store_held, expected, store_bytes)
+        self._acked = (store_held, expected, store_bytes, seq)
         for done in [s for s in self._sent_at if s <= seq]:
             del self._sent_at[done]
         for done in [s for s in self._expected_after if s < seq]:
@@ -282,7 +284,7 @@ class CheckpointOutbox:
         self._unfreed_at.clear()
         self._expected.clear()
         self._chains.clear()
-        self._acked = (0, 0, 0)
+        self._acked = (0, 0, 0, 0)
         self.protected = frozenset()
         self.outputs.release_all()
         for _, done in self._durable:
@@ -295,7 +297,7 @@ class CheckpointOutbox:
     def pool_stats(self) -> PoolStats:
         """The ``checkpoints`` pool as of the last acknowledgement (all free while no store is
         connected: none holds a checkpoint of this replica then)."""
-        store_held, expected, _ = self._acked
+        store_held, expected, _, _ = self._acked
         return PoolStats(CHECKPOINT_POOL, self.capacity, self.capacity - store_held, 0, expected)
 
     def stats(
@@ -312,8 +314,10 @@ class CheckpointOutbox:
             for sid in open_sessions
             if sid not in protected and not (prompt and noted(sid) and sid not in let_go)
         )
-        totals = self.written_total, self.bytes_written_total, self._acked[2]
-        return CheckpointStats(*totals, unprotected, self.recheckpointed_total, let_go)
+        _, _, store_bytes, acked_seq = self._acked  # read before ``_seq``: never too few
+        unacked = self._seq - acked_seq if self.connected else 0
+        totals = self.written_total, self.bytes_written_total, store_bytes
+        return CheckpointStats(*totals, unprotected, self.recheckpointed_total, let_go, unacked)
 
 
 async def _next_entries(queue: asyncio.Queue) -> list:

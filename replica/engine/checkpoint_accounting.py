@@ -41,7 +41,9 @@ class CheckpointAccounting:
             return None, CheckpointStats()
         if self._outbox is None:
             return PoolStats(CHECKPOINT_POOL, self.capacity, self.capacity, 0, 0), CheckpointStats()
-        return self._outbox.pool_stats(), self._outbox.stats(self.sessions.sessions, self._covered)
+        # the totals first: an ``unacked`` of 0 then holds for the pool read after them too
+        totals = self._outbox.stats(self.sessions.sessions, self._covered)
+        return self._outbox.pool_stats(), totals
 
     def _covered(self, session_id: str) -> bool:
         slot = self.sessions.sessions.get(session_id)

@@ -40,9 +40,9 @@ SMALL = dict(
 _servers = itertools.count()
 
 
-# How long a released session's checkpoint may still show held: under load it was seen to for 5
-# to 10 s and, more rarely, past 15 s and once past 30 s; the cause is not found
-# (docs/checkpoint-stores.md). The replica's stall bound (STALL_S) ends most such states.
+# How long a replica's pools may take to settle after its last session closed: a store that
+# stops acknowledging holds its checkpoint accounting open until the replica's stall bound
+# (STALL_S) ends its stream (docs/checkpoint-stores.md); the rest is margin for a loaded box.
 SETTLE_S = 3 * STALL_S
 
 
@@ -146,6 +146,8 @@ class ServerThread:
             if at_capacity:
                 assert snap.open_sessions == 0, f"{r}: {snap.open_sessions} sessions open"
                 assert snap.running_requests == snap.waiting_requests == 0, r
+                unacked = snap.checkpoints.unacked
+                assert unacked == 0, f"{r}: {unacked} checkpoint entries not acknowledged yet"
 
     def wait_at_capacity(
         self, replica_ids: Iterable[str] | None = None, timeout: float = SETTLE_S
@@ -154,11 +156,7 @@ class ServerThread:
         ids = list(self.replicas if replica_ids is None else replica_ids)
         deadline = time.monotonic() + timeout
         while True:
-            snaps = self.snapshots(ids)
-            done = all(
-                s.open_sessions == 0 and all(p.free + p.cached == p.capacity for p in s.pools)
-                for s in snaps.values()
-            )
+            done = all(snap.at_capacity for snap in self.snapshots(ids).values())
             if done or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
