@@ -50,7 +50,11 @@ def test_a_replica_serves_six_times_more_sessions_than_gpu_slots(server):
                 assert not info.parked and info.committed_tokens == done
             server.assert_no_leaks()
 
-        (replica,) = client.replicas()
+        def settled():  # the router's view is the replica's last pushed snapshot
+            (replica,) = client.replicas()
+            return replica if replica.running_requests == 0 else None
+
+        replica = wait_for(settled, timeout=10, what="a snapshot taken after the last turn")
         assert replica.sessions == SESSIONS and replica.sessions_parked == SESSIONS - 4
         pools = {p.pool: p for p in replica.pools}
         assert pools["host_mamba"].capacity == 40
