@@ -66,3 +66,35 @@ def test_blank_entries_travel_with_the_next_checkpoint_or_alone_after_their_dela
 
     asyncio.run(pull())
     close_and_check(engine)
+
+
+def test_an_empty_session_that_arrived_is_durable_once_its_blank_entry_is_stored():
+    """A move waits (``durable``) until what a failover needs of each session it brought is
+    stored: a checkpoint, or for a session that holds nothing its blank entry. Before, an empty
+    session's move waited the whole stall bound for a checkpoint that never comes."""
+    engine = make_engine(session_checkpoints=True)
+    engine.checkpoints.enabled = True
+    engine.open_session("empty", tenant="t")
+    batch = engine.session_ops.take_checkpoints()
+    assert batch.blank and not batch.saved
+
+    async def scenario() -> tuple[bool, float]:
+        outbox = CheckpointOutbox(lambda outputs: None, capacity=4, stall_s=5.0)
+        stream = outbox.stream(confirm_on_ack=False)
+        first = asyncio.ensure_future(stream.__anext__())
+        await asyncio.sleep(0)
+        outbox.push(batch)
+        durable = asyncio.ensure_future(outbox.durable(["empty"]))
+        await asyncio.sleep(0)
+        started = asyncio.get_running_loop().time()
+        assert await first == [CheckpointBlank(tuple(batch.blank))]
+        taken = asyncio.ensure_future(stream.__anext__())  # the store has it: stored
+        result = await durable
+        waited = asyncio.get_running_loop().time() - started
+        outbox.disconnect("the test ends")
+        await asyncio.gather(taken, return_exceptions=True)
+        return result, waited
+
+    result, waited = asyncio.run(scenario())
+    assert result is True and waited < 1.0
+    close_and_check(engine)

@@ -110,6 +110,7 @@ class CheckpointOutbox:
         self._unfreed_at: dict[int, int] = {}  # item seq -> ``_unfreed`` when it was queued
         self._chains: dict[str, int] = {}  # session id -> committed_len of its last record queued
         self._durable: list[tuple[set[str], asyncio.Future]] = []  # ``durable`` callers
+        self._blank_at: dict[str, int] = {}  # session id -> number of its blank entry on its way
         self._acked = (0, 0, 0, 0)  # (store held, expected, store bytes, entry) at the last ack
         self.written_total = 0
         self.bytes_written_total = 0
@@ -132,6 +133,9 @@ class CheckpointOutbox:
         self._expected.difference_update(batch.released)
         for session_id in batch.released:
             self._chains.pop(session_id, None)
+            self._blank_at.pop(session_id, None)
+        if batch.released:  # nothing of theirs is left to protect
+            self._settle(batch.released)
         if unfreed:  # released, their checkpoints not freed (a failpoint): leaked from now on
             self._unfreed += len(unfreed)
             store_held, expected, store_bytes, seq = self._acked
@@ -139,7 +143,8 @@ class CheckpointOutbox:
         if batch.dropped:
             self._put(CheckpointDrop(tuple(batch.dropped)))
         if batch.blank:
-            self._put(CheckpointBlank(tuple(batch.blank)))
+            seq = self._put(CheckpointBlank(tuple(batch.blank)))
+            self._blank_at.update((session_id, seq) for session_id, _, _ in batch.blank)
         for record in batch.saved:
             meta = record.sessions[0]
             session_id = meta.session_id
@@ -249,20 +254,32 @@ class CheckpointOutbox:
         if stored:
             self.protected = self.protected.union(stored)
             self.unsaved = self.unsaved.difference(stored)
+        blank = [sid for sid, at in self._blank_at.items() if at <= seq]
+        for session_id in blank:
+            del self._blank_at[session_id]
+        self._settle(stored, blank)
+
+    def _settle(self, *done_ids: Iterable[str]) -> None:
+        """``durable`` callers stop waiting for ``done_ids``; those left with none are done."""
         for waiting, done in self._durable:
-            waiting.difference_update(stored)
+            waiting.difference_update(*done_ids)
             if not waiting and not done.done():
                 done.set_result(True)
         self._durable = [(w, f) for w, f in self._durable if not f.done()]
 
     async def durable(self, session_ids: list[str]) -> bool:
-        """Wait until a checkpoint of each of ``session_ids`` taken from now on is stored (a
-        session that arrived by migration is safe from its new replica's death from then on);
-        False when that did not happen within ``stall_s`` or no store is connected."""
+        """Wait until a checkpoint of each of ``session_ids`` taken from now on is stored, or,
+        for one that holds nothing yet, its blank entry (all a failover needs to open it again
+        empty): a session that arrived by migration is safe from its new replica's death from
+        then on. One stored already, or released meanwhile, waits for nothing. False when that
+        did not happen within ``stall_s`` or no store is connected."""
         if not self.connected or not session_ids:
             return False
+        waiting = set(session_ids).difference(self.protected)  # those stored already are
+        if not waiting:
+            return True
         done = asyncio.get_running_loop().create_future()
-        self._durable.append((set(session_ids), done))
+        self._durable.append((waiting, done))
         try:
             return await asyncio.wait_for(done, self.stall_s)
         except asyncio.TimeoutError:
@@ -284,6 +301,7 @@ class CheckpointOutbox:
         self._unfreed_at.clear()
         self._expected.clear()
         self._chains.clear()
+        self._blank_at.clear()
         self._acked = (0, 0, 0, 0)
         self.protected = frozenset()
         self.outputs.release_all()
