@@ -239,6 +239,35 @@ def test_a_target_declared_dead_mid_import_gets_no_pin(server, client):
     close_and_check(server, [session])
 
 
+def test_a_session_ended_by_its_idle_timeout_on_the_target_before_its_pin_is_pinned_nowhere(
+    server, client
+):
+    """The target's import stalls (``import_stalls``, 8 s) past the session's idle timeout
+    (2 s): the target releases its copy on its own and tells the router, and the source lets
+    its own go as the import answers. The session has ended (NOT_FOUND), the router pins it
+    nowhere and every pool is free; before, the move pinned it to the target, which held
+    nothing, and the pin stayed for good (a ``bench.chaos`` end state)."""
+    alive = wait_for(lambda: live(server)[1:] and live(server), 120, 0.2, "2 live replicas")
+    session = client.open(idle_timeout_s=2.0)
+    turn(session, 1)
+    source = session.replica_id
+    target = next(r for r in alive if r != source)
+    arm(server, target, "import_stalls")
+    try:
+        moved = client.migrate(session.id, target, 60)
+    except grpc.RpcError as err:
+        assert err.code() == grpc.StatusCode.NOT_FOUND, err
+    else:
+        raise AssertionError(f"the move pinned a session its target released: {moved}")
+    router = server.server.router
+    pins = ray.get([router.pinned_sessions.remote(r) for r in views(server)], timeout=30)
+    assert not any(session.id in ids for ids in pins), "a session nobody holds is pinned"
+    assert not any(session.id in held for held in server.sessions_on(live(server)).values())
+    err = rpc_error(client.sessions.GetSession, pb.GetSessionRequest(session_id=session.id))
+    assert err.code() == grpc.StatusCode.NOT_FOUND, err
+    server.wait_at_capacity(live(server))
+
+
 def test_a_drain_whose_replica_dies_and_whose_failover_target_dies_importing(server, client):
     victim, first, third = server.wait_healed(180)[:3]
     session = client.open()

@@ -9,7 +9,8 @@ the move in flight to end.
 
 ``land`` pins nothing to a replica declared dead meanwhile (its failover has claimed the
 sessions pinned to it already, and would never restore one pinned after), nor a session closed
-meanwhile: the caller reads which landed from its answer and deals with the copies left.
+meanwhile, nor one the target reported released already (forgotten: it ended there): the caller
+reads which landed from its answer and deals with the copies left.
 """
 
 from __future__ import annotations
@@ -77,6 +78,11 @@ class MovingSessions:
         for sid in session_ids:
             entry = self.sessions.get(sid)
             if entry is None or entry.state != SessionState.OPEN:
+                continue
+            if self.sessions.was_released(sid, replica_id):
+                # its idle timeout ended it on the target before this pin (a move waits for
+                # the target's first checkpoint of it): nobody holds it, it is closed
+                self.sessions.forget(sid)
                 continue
             moving = entry.moving
             empty = None
