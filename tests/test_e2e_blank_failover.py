@@ -123,3 +123,51 @@ def test_a_session_opened_again_empty_is_opened_again_when_that_replica_dies_too
         assert s.close()
     server.wait_at_capacity(server.wait_healed())
     client.close()
+
+
+def test_empty_sessions_a_replacement_store_holds_as_blank_are_opened_again(server):
+    """Empty sessions on a replica whose checkpoint store was replaced (opened before the new
+    store followed) and one that moved there empty: the new store is handed each of them as
+    blank at once, so when the replica dies before their first turn they are opened again,
+    never ABORTED. (Before, the failover went by how the router saw them open: one opened under
+    the store before, or moved, counted as possibly holding state, and was lost.)"""
+    client = SessionClient(server.address)
+    live = server.wait_healed()
+    sessions = [client.open(idle_timeout_s=IDLE_S) for _ in range(6)]
+    victim = sessions[0].replica_id
+    other = next(r for r in live if r != victim)
+    mover = next((s for s in sessions if s.replica_id == other), None) or client.open(
+        idle_timeout_s=IDLE_S
+    )
+    if mover not in sessions:
+        sessions.append(mover)
+    client.migrate(mover.id, victim, 60)  # arrives empty: its first checkpoint is its blank
+    on_victim = [s.id for s in sessions if s is mover or s.replica_id == victim]
+
+    old_store = server.stores[victim]
+    pid = ray.get(old_store.__ray_call__.remote(lambda store: os.getpid()), timeout=30)
+    os.kill(pid, signal.SIGKILL)
+
+    def blank_in_new_store() -> bool:
+        store = server.stores.get(victim)
+        if store is None or store._actor_id == old_store._actor_id:
+            return False
+        try:
+            held = ray.get(store.sessions.remote(), timeout=10)
+        except ray.exceptions.RayError:
+            return False
+        return all(held.get(sid, ("", None))[1] == IDLE_S for sid in on_victim)
+
+    wait_for(blank_in_new_store, 60, 0.2, "the new store to hold the sessions as blank")
+    sigkill(server, victim)
+    server.wait_healed(120)
+    for n, s in enumerate(sessions):  # none ABORTED: each continues as a fresh session would
+        got = drain_stream(s.generate(tokens=tokens(n), max_new_tokens=8, **SEEDED))
+        fresh = client.open()
+        want = drain_stream(fresh.generate(tokens=tokens(n), max_new_tokens=8, **SEEDED))
+        assert got == want, s.id
+        assert fresh.close()
+    for s in sessions:
+        assert s.close()
+    server.wait_at_capacity(server.wait_healed())
+    client.close()

@@ -1,8 +1,10 @@
 """``BlankReopen``: a dead replica's sessions that no checkpoint holds but that held nothing a
 client saw, opened again, empty, on live replicas (part of ``router.control.failover``).
 
-A session opened empty (``BlankOpen``: no prefix; or named by a replica's registration as
-holding nothing yet) whose dead replica's store has followed it since then, and whose turn's end
+A session that the dead replica's store holds as blank (a store that follows a replica is
+handed every session at once, a session holding nothing as blank, and each change after), or
+one opened empty (``BlankOpen``: no prefix; or named by a replica's registration as holding
+nothing yet) whose dead replica's store has followed it since then, and whose turn's end
 never went out without a checkpoint (``CheckpointStats.let_go`` in the replica's last snapshot:
 holds given up, and sessions whose committed state no connected store held, since a store went
 or while none followed), committed nothing a client saw: a turn's end waits for its checkpoint.
@@ -21,7 +23,13 @@ from replica.api import ActorError, StatusCode
 from router.call_errors import CallFailure, FailureKind, log_failure
 from router.control.migration import Migrator
 from router.control.registry import ReplicaRegistry
-from router.control.table import ReplicaEntry, SessionEntry, SessionState, SessionTable
+from router.control.table import (
+    BlankOpen,
+    ReplicaEntry,
+    SessionEntry,
+    SessionState,
+    SessionTable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,17 +51,26 @@ class BlankReopen:
         self.on_dead = on_dead
         self.wait_s = wait_s
 
-    def select(self, dead: ReplicaEntry, ids: list[str]) -> dict[str, SessionEntry]:
+    def select(
+        self, dead: ReplicaEntry, ids: list[str], store_blank: dict[str, float]
+    ) -> dict[str, SessionEntry]:
         """Those of ``ids`` (no checkpoint found) opened empty since the store that answered
-        followed the dead replica: they committed nothing a client saw (a turn's end waits for
-        its checkpoint), so they open again; except those whose turn's end the replica's last
-        snapshot says went out without one (``let_go``). Logs why each is or is not."""
+        followed the dead replica, or that this store holds as blank (``store_blank``: session
+        id -> idle timeout; a store that follows a replica is handed every session it holds at
+        once, as a checkpoint or, holding nothing, as blank, so a blank one there committed
+        nothing since, whenever or however it came): they committed nothing a client saw (a
+        turn's end waits for its checkpoint), so they open again; except those whose turn's
+        end the replica's last snapshot says went out without one (``let_go``). Logs why each
+        is or is not."""
         let_go = dead.snapshot.checkpoints.let_go if dead.snapshot is not None else frozenset()
         blank, why_not = {}, {}
         for sid in ids:
             session = self.sessions.get(sid)
             if not session or session.state != SessionState.OPEN:
                 why_not[sid] = "closed meanwhile (not lost)"
+            elif sid in store_blank and sid not in let_go:
+                session.blank = BlankOpen(store_blank[sid], dead.store_epoch)
+                blank[sid] = session
             elif not session.blank:
                 why_not[sid] = "moved, forked or opened with a prefix"
             elif session.blank.store_epoch != dead.store_epoch:

@@ -84,11 +84,12 @@ class Failover:
             self.sessions.sessions_of(replica_id), replica_id
         )
         try:
-            found, answered = await self._checkpoints(entry, list(claimed))
+            found, answered, store_blank = await self._checkpoints(entry, list(claimed))
             found = {sid: f for sid, f in found.items() if self._open(sid)}
             restored = await self._restore(found, replica_id) if found else {}
             if answered:
-                blank = self.blank.select(entry, [sid for sid in claimed if sid not in found])
+                missing = [sid for sid in claimed if sid not in found]
+                blank = self.blank.select(entry, missing, store_blank)
                 restored.update(await self.blank.reopen(blank, replica_id) if blank else {})
             closed = [sid for sid in claimed if sid not in restored and not self._open(sid)]
             if closed:  # by their clients, during the failover: neither restored nor lost
@@ -139,16 +140,21 @@ class Failover:
 
     async def _checkpoints(
         self, entry: ReplicaEntry, ids: list[str]
-    ) -> tuple[dict[str, Any], bool]:
-        """The checkpoints of ``ids`` the dead replica's store holds, and whether it answered;
-        with ``checkpoint_dir``, those it does not hold (it died too, or a replacement had not
-        got them yet) from its files: each was written there before it was acknowledged."""
+    ) -> tuple[dict[str, Any], bool, dict[str, float]]:
+        """The checkpoints of ``ids`` the dead replica's store holds, whether it answered,
+        and those of ``ids`` it knows to hold nothing yet (with their idle timeouts); with
+        ``checkpoint_dir``, the checkpoints it does not hold (it died too, or a replacement had
+        not got them yet) from its files: each was written there before it was acknowledged."""
         if entry.checkpoints is None or not ids:
-            return {}, False
-        found, answered = {}, False
+            return {}, False, {}
+        found, answered, blank = {}, False, {}
         try:
             found = await entry.store.checkpoints(session_ids=ids, wait_s=STORE_WAIT_S)
             answered = True
+            # read after ``checkpoints``, which waits for the dead replica's stream to end
+            held = await entry.store.sessions()
+            wanted = set(ids)
+            blank = {s: idle for s, (_, idle) in held.items() if idle is not None and s in wanted}
         except Exception as exc:  # noqa: BLE001 - the store died too: its files may hold them
             log.error("checkpoint store unreachable: %s", exc)
         missing = [sid for sid in ids if sid not in found]
@@ -158,7 +164,7 @@ class Failover:
             log.warning("%s: %d checkpoints read from files", entry.desc.replica_id, len(records))
             found.update((sid, (r.sessions[0], [ray.put(r)])) for sid, r in records.items())
             answered = True
-        return found, answered
+        return found, answered, blank
 
     async def _restore(self, found: dict[str, Any], dead: str) -> dict[str, int]:
         """Import ``found`` (session id -> (meta, [checkpoint ref])) on live replicas; returns
