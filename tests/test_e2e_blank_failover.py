@@ -45,6 +45,16 @@ def sigkill(server, replica_id: str) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
+def continue_as_fresh(client: SessionClient, sessions) -> None:
+    """Each session's next turn equals a fresh session's (it holds nothing, and is not lost)."""
+    for n, s in enumerate(sessions):
+        got = drain_stream(s.generate(tokens=tokens(n), max_new_tokens=8, **SEEDED))
+        fresh = client.open()
+        want = drain_stream(fresh.generate(tokens=tokens(n), max_new_tokens=8, **SEEDED))
+        assert got == want, s.id
+        assert fresh.close()
+
+
 def test_sessions_without_a_checkpoint_are_opened_again_on_a_replica_death(server):
     client = SessionClient(server.address)
     sessions = [client.open(idle_timeout_s=IDLE_S) for _ in range(6)]
@@ -63,13 +73,7 @@ def test_sessions_without_a_checkpoint_are_opened_again_on_a_replica_death(serve
     assert ended.value.code() == grpc.StatusCode.UNAVAILABLE, ended.value.details()
     assert int(COMMITTED.search(ended.value.details()).group(1)) == 0
 
-    # every session continues on the survivor, exactly as a fresh session would
-    for n, s in enumerate(sessions):
-        got = drain_stream(s.generate(tokens=tokens(n), max_new_tokens=8, **SEEDED))
-        fresh = client.open()
-        want = drain_stream(fresh.generate(tokens=tokens(n), max_new_tokens=8, **SEEDED))
-        assert got == want, s.id
-        assert fresh.close()
+    continue_as_fresh(client, sessions)  # on the survivor
     live = server.wait_healed()
     assert victim not in live
     for s in doomed:  # same id, same idle timeout, on one live replica now
@@ -113,12 +117,7 @@ def test_a_session_opened_again_empty_is_opened_again_when_that_replica_dies_too
         0.5,
         "two replacement replicas",
     )
-    for n, s in enumerate(sessions):  # none ABORTED: each continues as a fresh session would
-        got = drain_stream(s.generate(tokens=tokens(n), max_new_tokens=8, **SEEDED))
-        fresh = client.open()
-        want = drain_stream(fresh.generate(tokens=tokens(n), max_new_tokens=8, **SEEDED))
-        assert got == want, s.id
-        assert fresh.close()
+    continue_as_fresh(client, sessions)  # none ABORTED
     for s in sessions:
         assert s.close()
     server.wait_at_capacity(server.wait_healed())
@@ -161,12 +160,7 @@ def test_empty_sessions_a_replacement_store_holds_as_blank_are_opened_again(serv
     wait_for(blank_in_new_store, 60, 0.2, "the new store to hold the sessions as blank")
     sigkill(server, victim)
     server.wait_healed(120)
-    for n, s in enumerate(sessions):  # none ABORTED: each continues as a fresh session would
-        got = drain_stream(s.generate(tokens=tokens(n), max_new_tokens=8, **SEEDED))
-        fresh = client.open()
-        want = drain_stream(fresh.generate(tokens=tokens(n), max_new_tokens=8, **SEEDED))
-        assert got == want, s.id
-        assert fresh.close()
+    continue_as_fresh(client, sessions)  # none ABORTED
     for s in sessions:
         assert s.close()
     server.wait_at_capacity(server.wait_healed())
