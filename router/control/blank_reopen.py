@@ -60,8 +60,10 @@ class BlankReopen:
         once, as a checkpoint or, holding nothing, as blank, so a blank one there committed
         nothing since, whenever or however it came): they committed nothing a client saw (a
         turn's end waits for its checkpoint), so they open again; except those whose turn's
-        end the replica's last snapshot says went out without one (``let_go``). Logs why each
-        is or is not."""
+        end the replica's last snapshot says went out without one (``let_go``). One selected
+        by the store's word is marked ``BlankOpen`` at the dead replica's store epoch, so that
+        it stays blank where it opens again (``MovingSessions.land``). Logs why each is or is
+        not."""
         let_go = dead.snapshot.checkpoints.let_go if dead.snapshot is not None else frozenset()
         blank, why_not = {}, {}
         for sid in ids:

@@ -142,7 +142,7 @@ class Failover:
         self, entry: ReplicaEntry, ids: list[str]
     ) -> tuple[dict[str, Any], bool, dict[str, float]]:
         """The checkpoints of ``ids`` the dead replica's store holds, whether it answered,
-        and those of ``ids`` it knows to hold nothing yet (with their idle timeouts); with
+        and the sessions it knows to hold nothing yet (with their idle timeouts); with
         ``checkpoint_dir``, the checkpoints it does not hold (it died too, or a replacement had
         not got them yet) from its files: each was written there before it was acknowledged."""
         if entry.checkpoints is None or not ids:
@@ -153,8 +153,7 @@ class Failover:
             answered = True
             # read after ``checkpoints``, which waits for the dead replica's stream to end
             held = await entry.store.sessions()
-            wanted = set(ids)
-            blank = {s: idle for s, (_, idle) in held.items() if idle is not None and s in wanted}
+            blank = {sid: idle for sid, (_, idle) in held.items() if idle is not None}
         except Exception as exc:  # noqa: BLE001 - the store died too: its files may hold them
             log.error("checkpoint store unreachable: %s", exc)
         missing = [sid for sid in ids if sid not in found]
