@@ -11,7 +11,10 @@ It starts a cluster in-process (``Server``, embedded Ray unless one is running),
 ``--sessions`` sessions from ``--concurrency`` asyncio clients (``bench/chaos_load.py``: client
 cancels, deadlines, bad inputs, barge-ins, abandoned sessions), and makes the faults
 (``bench/chaos_faults.py``) when the sessions finished cross random fractions of ``--sessions``;
-the load goes on until the last fault has healed, so that every fault has sessions to hit. Each
+the load goes on until the last fault has healed, so that every fault has sessions to hit.
+Faults come one at a time: the next waits until the last has healed (a store's, once its
+replica's sessions are all checkpointed to the new store: two faults inside that window lose
+the sessions that had state, as any single copy would). Each
 fault lands on something it can hit (a replica holding sessions, a store holding checkpoints, a
 session moving) and the report says per kind how many landed and on what. At the end it
 checks: every fault asked for hit something; no session was lost (ended ABORTED: with
@@ -20,8 +23,7 @@ migration's moment) or left without a checkpoint longer than the bound; every se
 or ended with a documented status code and no call hung; the cluster is back to ``--replicas``
 healthy replicas; every live replica's pools are at capacity with 0 leaked; the router's table
 is empty; /metrics lists the live replicas only. It prints the figures (sessions, faults and
-what they hit, codes, time to heal) and exits 1 if a check failed. Self-contained for now
-(the shared benchmark harness is not on this branch).
+what they hit, codes, time to heal) and exits 1 if a check failed.
 """
 
 from __future__ import annotations

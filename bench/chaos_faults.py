@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import ray
 
-from replica.api import ActorError
+from replica.actor.client import ReplicaClient
+from replica.api import ActorError, PoolSnapshot
 from replica.checkpoints.store_client import CheckpointStoreClient
 from router.config import ServeConfig
 from router.control.api import FleetView, ReplicaHealth
@@ -120,10 +121,7 @@ async def inject(cluster: Cluster, kind: str, rng: random.Random, admin) -> Hit 
         victim = rng.choice(sorted(held))
         store = fleet.stores[victim]
         await sigkill(store)
-        while (now := await server.controller.fleet_view()).replicas.get(victim) is not None:
-            if getattr(now.stores.get(victim), "_actor_id", None) != store._actor_id:
-                break  # healed: the controller's keeper started a new store for it
-            await asyncio.sleep(0.2)
+        await reprotected(cluster, victim, store)
         return Hit(f"{victim}'s store", held[victim], "checkpoints")
     if not pinned or (kind == "migration" and len(cluster.healthy()) < 2):
         return None
@@ -152,6 +150,23 @@ async def inject(cluster: Cluster, kind: str, rng: random.Random, admin) -> Hit 
         code = await draining
         return Hit(victim, sessions if mid_way else 0, f"sessions draining ({code})")
     return Hit(victim, sessions, "sessions")
+
+
+async def reprotected(cluster: Cluster, victim: str, dead_store) -> None:
+    """Wait until ``victim``'s store is whole again: the controller's keeper started a new one
+    and the replica reports every session protected (all checkpointed to it again), or
+    ``victim`` is gone. Until then its sessions live on the replica alone, so a second fault
+    on it would be a double fault, which loses the sessions with state by design."""
+    server = cluster.server
+    while (now := await server.controller.fleet_view()).replicas.get(victim) is not None:
+        if getattr(now.stores.get(victim), "_actor_id", None) != dead_store._actor_id:
+            try:
+                snapshot = await ReplicaClient(now.replicas[victim]).snapshot(exact=False)
+            except ray.exceptions.RayError:
+                return  # the replica died meanwhile: its failover reads the new store
+            if isinstance(snapshot, PoolSnapshot) and snapshot.checkpoints.unprotected == 0:
+                return
+        await asyncio.sleep(0.2)
 
 
 async def stop_until_fenced(cluster: Cluster, victim: str, handle) -> None:
