@@ -48,6 +48,7 @@ from replica.api import SessionMeta, SessionStates
 from replica.checkpoints.chain import MAX_DELTAS, BrokenChainError, CheckpointChain, fold
 from replica.checkpoints.files import CheckpointFiles
 from replica.checkpoints.outbox import ACK_INTERVAL_S, CheckpointBlank, CheckpointDrop
+from replica.checkpoints.released import ReleasedSessions
 from replica.checkpoints.stream_reads import refs
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,7 @@ class CheckpointStore:
         self.kept: set[str] = set()  # sessions released since the fence, their checkpoints kept
         self.saved: dict[str, CheckpointChain] = {}
         self.blank: dict[str, tuple[str, float]] = {}  # session id -> tenant, idle timeout
+        self.released = ReleasedSessions()  # kept across streams: the replica's own word
         self.folds = 0  # chains folded into one whole state
         self._folding: set[asyncio.Task] = set()
         self.items = 0
@@ -104,7 +106,9 @@ class CheckpointStore:
                     if isinstance(item, CheckpointDrop):
                         await self._drop(item, seq)
                     elif isinstance(item, CheckpointBlank):
-                        self.blank.update((sid, (t, idle)) for sid, t, idle in item.sessions)
+                        for sid, tenant, idle in item.sessions:
+                            self.blank[sid] = (tenant, idle)
+                            self.released.forget(sid)
                     else:
                         if confirm:
                             await asyncio.to_thread(self._write, item, seq)
@@ -126,6 +130,7 @@ class CheckpointStore:
         for session_id in drop.session_ids:
             self.saved.pop(session_id, None)
             self.blank.pop(session_id, None)
+        self.released.add(drop.session_ids)
 
     def _write(self, item: SessionStates | CheckpointDrop, seq: int) -> None:
         try:
@@ -139,6 +144,7 @@ class CheckpointStore:
     def _keep(self, record: SessionStates, ref: Any, seq: int) -> None:
         meta = record.sessions[0]
         self.blank.pop(meta.session_id, None)
+        self.released.forget(meta.session_id)
         try:
             if meta.kv_from:
                 chain = self.saved[meta.session_id]
@@ -257,6 +263,11 @@ class CheckpointStore:
         }
         held.update((sid, (chain.meta.tenant, None)) for sid, chain in self.saved.items())
         return held
+
+    async def released_of(self, session_ids: list[str]) -> list[str]:
+        """Those of ``session_ids`` the replica released before it was declared dead (their
+        drop came before the fence, and nothing of them since): not lost with it."""
+        return self.released.among(session_ids)
 
     async def handed_over(self, session_ids: list[str]) -> None:
         """A failover restored ``session_ids`` elsewhere: their checkpoints here are dropped

@@ -47,6 +47,10 @@ class CheckpointStoreClient:
         tenant, and a blank one's idle timeout (None: it has a checkpoint)."""
         return await self.handle.sessions.remote()
 
+    async def released_of(self, *, session_ids: list[str]) -> list[str]:
+        """Those of ``session_ids`` the replica released before it was declared dead."""
+        return await self.handle.released_of.remote(session_ids)
+
     async def handed_over(self, *, session_ids: list[str]) -> None:
         """A failover restored ``session_ids`` elsewhere: the store drops their checkpoints."""
         await self.handle.handed_over.remote(session_ids)

@@ -84,7 +84,8 @@ class Failover:
             self.sessions.sessions_of(replica_id), replica_id
         )
         try:
-            found, answered, store_blank = await self._checkpoints(entry, list(claimed))
+            found, answered, store_blank, released = await self._checkpoints(entry, list(claimed))
+            self._released_before(replica_id, released)
             found = {sid: f for sid, f in found.items() if self._open(sid)}
             restored = await self._restore(found, replica_id) if found else {}
             if answered:
@@ -123,6 +124,16 @@ class Failover:
             if self.checkpoint_dir:  # its sessions are elsewhere now, or lost
                 await asyncio.to_thread(CheckpointFiles(self.checkpoint_dir, replica_id).remove)
 
+    def _released_before(self, replica_id: str, released: list[str]) -> None:
+        """Sessions the dead replica released (closed, idle timeout) before the router heard
+        of it: they end as it ended them, neither restored nor lost."""
+        for sid in released:
+            if self._open(sid):
+                self.sessions.released_by(sid, replica_id)
+        if released:
+            log.info("replica %s: %d sessions it had released before it died: %s", replica_id,
+                     len(released), ", ".join(sid[:12] for sid in released))  # fmt: skip
+
     def _open(self, session_id: str) -> bool:
         entry = self.sessions.get(session_id)
         return entry is not None and entry.state == SessionState.OPEN
@@ -140,20 +151,23 @@ class Failover:
 
     async def _checkpoints(
         self, entry: ReplicaEntry, ids: list[str]
-    ) -> tuple[dict[str, Any], bool, dict[str, float]]:
+    ) -> tuple[dict[str, Any], bool, dict[str, float], list[str]]:
         """The checkpoints of ``ids`` the dead replica's store holds, whether it answered,
-        and the sessions it knows to hold nothing yet (with their idle timeouts); with
+        the sessions it knows to hold nothing yet (with their idle timeouts), and those of
+        ``ids`` it heard the replica release (``CheckpointStore.released_of``); with
         ``checkpoint_dir``, the checkpoints it does not hold (it died too, or a replacement had
         not got them yet) from its files: each was written there before it was acknowledged."""
         if entry.checkpoints is None or not ids:
-            return {}, False, {}
-        found, answered, blank = {}, False, {}
+            return {}, False, {}, []
+        found, answered, blank, released = {}, False, {}, []
         try:
             found = await entry.store.checkpoints(session_ids=ids, wait_s=STORE_WAIT_S)
             answered = True
             # read after ``checkpoints``, which waits for the dead replica's stream to end
             held = await entry.store.sessions()
             blank = {sid: idle for sid, (_, idle) in held.items() if idle is not None}
+            missing = [sid for sid in ids if sid not in found and sid not in blank]
+            released = await entry.store.released_of(session_ids=missing)
         except Exception as exc:  # noqa: BLE001 - the store died too: its files may hold them
             log.error("checkpoint store unreachable: %s", exc)
         missing = [sid for sid in ids if sid not in found]
@@ -163,7 +177,7 @@ class Failover:
             log.warning("%s: %d checkpoints read from files", entry.desc.replica_id, len(records))
             found.update((sid, (r.sessions[0], [ray.put(r)])) for sid, r in records.items())
             answered = True
-        return found, answered, blank
+        return found, answered, blank, released
 
     async def _restore(self, found: dict[str, Any], dead: str) -> dict[str, int]:
         """Import ``found`` (session id -> (meta, [checkpoint ref])) on live replicas; returns
