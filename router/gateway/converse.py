@@ -115,12 +115,13 @@ class Conversation:
 
     async def _replica_lost(self, lost: ReplicaLost) -> list[pb.GenerateChunk]:
         """A replica the session was on ended (it died, or was stopped once the session had
-        moved off it). The session's state gone: the stream ends ABORTED. Elsewhere (restored
-        from its checkpoint, or moved): the stream goes on there, and each turn in flight on
-        that replica ends INTERRUPTED at the committed tokens the session continues at (what
-        the client says next continues from there)."""
+        moved off it). The session's state gone (the router says so): the stream ends ABORTED
+        (NOT_FOUND if it was closed meanwhile). Elsewhere (restored from its checkpoint, or
+        moved; or not known yet, then asked of the router again): the stream goes on there,
+        and each turn in flight on that replica ends INTERRUPTED at the committed tokens the
+        session continues at (what the client says next continues from there)."""
         if lost.replica_id == self.route.replica_id:
-            if lost.committed_tokens is None:
+            if lost.gone:
                 event = lost.event(self.route.session_id)
                 raise Refused(event.error_code, event.error)
             self._moved(check(await self.gw.relocate(self.route)))

@@ -16,8 +16,9 @@ checkpoints) or one that was drained and stopped (its stream ended: ``replica_en
 autoscaling). What this gateway knows of that replica (routes, batched calls) goes, and each call
 streaming a session from it gets ``router.gateway.inbox.ReplicaLost``: where the session goes on
 elsewhere (restored, or moved off before), at its committed tokens, a turn in flight there ends
-UNAVAILABLE (Generate: retry it) or INTERRUPTED (Converse, which goes on); where its state is
-gone, ABORTED.
+UNAVAILABLE (Generate: retry it) or INTERRUPTED (Converse, which goes on); where the router
+says its state is gone, ABORTED. A session the router cannot place yet (it restarts, or its
+failover has not ended) is not taken for gone: its turn ends UNAVAILABLE, retry it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from replica.api import ActorError, DeliveryEntry
+from replica.api import ActorError, DeliveryEntry, StatusCode
 from router.control.api import Route
 from router.control.client import RouterClient
 from router.gateway.inbox import Inbox, ReplicaLost
@@ -127,20 +128,27 @@ class Delivery:
             committed = restored.get(inbox.session_id)
             if committed is None:
                 committed = await self._committed_elsewhere(inbox.session_id, replica_id)
-            inbox.put(ReplicaLost(replica_id, committed))
+            if isinstance(committed, ActorError):
+                inbox.put(ReplicaLost(replica_id, None, committed))
+            else:
+                inbox.put(ReplicaLost(replica_id, committed))
 
-    async def _committed_elsewhere(self, session_id: str, replica_id: str) -> int | None:
+    async def _committed_elsewhere(self, session_id: str, replica_id: str) -> int | ActorError:
         """The committed tokens of a session the router has on another replica than
-        ``replica_id``; None when it has none (the session is gone)."""
+        ``replica_id``; else the router's word (ABORTED: gone, NOT_FOUND: closed), or
+        UNAVAILABLE when nobody can say yet (the router restarts, the session is not placed,
+        the replica it went to does not answer): never taken for gone."""
         where = await self.router.route(session_id=session_id, tenant=None)
-        if not isinstance(where, Route) or where.replica_id == replica_id:
-            return None
+        if isinstance(where, ActorError):
+            return where
+        if where.replica_id == replica_id:
+            return ActorError(StatusCode.UNAVAILABLE, f"it is still on {replica_id}")
         try:
             info = await where.replica.get_session(session_id=session_id)
-        except Exception as exc:  # noqa: BLE001 - that replica is going too: the state is gone
+        except Exception as exc:  # noqa: BLE001 - that replica is going too: its failover says
             log.info("session %s on %s: %s", session_id, where.replica_id, exc)
-            return None
-        return None if isinstance(info, ActorError) else info.committed_tokens
+            return ActorError(StatusCode.UNAVAILABLE, f"{where.replica_id} did not answer")
+        return info if isinstance(info, ActorError) else info.committed_tokens
 
     def stop(self) -> None:
         for task in self._pumps.values():

@@ -15,7 +15,14 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from replica.api import StatusCode, TurnEvent, replica_lost_message, session_restored_message
+from replica.api import (
+    ActorError,
+    StatusCode,
+    TurnEvent,
+    clip_id,
+    replica_lost_message,
+    session_restored_message,
+)
 
 
 class Inbox:
@@ -51,18 +58,38 @@ class Inbox:
 class ReplicaLost:
     """An inbox item: the replica ``replica_id`` the inbox's session was on ended;
     ``committed_tokens`` is where the session continues on another replica (restored from its
-    checkpoint, or moved there before), None when its state is gone. Stale once the inbox has
-    moved to another replica."""
+    checkpoint, or moved there before); without it, ``unplaced`` is the router's word on the
+    session: ABORTED (its state is gone), NOT_FOUND (it was closed), or UNAVAILABLE (the router
+    could not say yet, e.g. while it restarts: the session may well continue). Stale once the
+    inbox has moved to another replica."""
 
     replica_id: str
     committed_tokens: int | None
+    unplaced: ActorError | None = None
+
+    @property
+    def gone(self) -> bool:
+        """The session has no place to continue (the router said so)."""
+        return self.committed_tokens is None and (
+            self.unplaced is None or self.unplaced.code != StatusCode.UNAVAILABLE
+        )
 
     def event(self, session_id: str) -> TurnEvent:
-        """The error that ends the turn in flight: UNAVAILABLE (retry the turn) when restored,
-        else ABORTED."""
+        """The error that ends the turn in flight: UNAVAILABLE (retry the turn) when restored
+        or not placed yet, NOT_FOUND when closed meanwhile, else ABORTED."""
         if self.committed_tokens is None:
-            error = replica_lost_message(session_id)
-            return TurnEvent(session_id, -1, error_code=StatusCode.ABORTED, error=error)
+            code = StatusCode.ABORTED if self.unplaced is None else self.unplaced.code
+            if code == StatusCode.UNAVAILABLE:
+                error = (
+                    f"the replica of session {clip_id(session_id)} died during this turn and "
+                    f"where the session continues is not known yet ({self.unplaced.message}); "
+                    "retry the turn"
+                )
+            elif code == StatusCode.NOT_FOUND:
+                error = self.unplaced.message
+            else:
+                code, error = StatusCode.ABORTED, replica_lost_message(session_id)
+            return TurnEvent(session_id, -1, error_code=code, error=error)
         error = session_restored_message(session_id, self.committed_tokens)
         return TurnEvent(
             session_id,
