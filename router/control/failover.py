@@ -166,8 +166,8 @@ class Failover:
             # read after ``checkpoints``, which waits for the dead replica's stream to end
             held = await entry.store.sessions()
             blank = {sid: idle for sid, (_, idle) in held.items() if idle is not None}
-            missing = [sid for sid in ids if sid not in found and sid not in blank]
-            released = await entry.store.released_of(session_ids=missing)
+            unknown = [sid for sid in ids if sid not in found and sid not in blank]
+            released = await entry.store.released_of(session_ids=unknown)
         except Exception as exc:  # noqa: BLE001 - the store died too: its files may hold them
             log.error("checkpoint store unreachable: %s", exc)
         missing = [sid for sid in ids if sid not in found]

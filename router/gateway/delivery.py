@@ -128,10 +128,8 @@ class Delivery:
             committed = restored.get(inbox.session_id)
             if committed is None:
                 committed = await self._committed_elsewhere(inbox.session_id, replica_id)
-            if isinstance(committed, ActorError):
-                inbox.put(ReplicaLost(replica_id, None, committed))
-            else:
-                inbox.put(ReplicaLost(replica_id, committed))
+            unplaced = committed if isinstance(committed, ActorError) else None
+            inbox.put(ReplicaLost(replica_id, committed if unplaced is None else None, unplaced))
 
     async def _committed_elsewhere(self, session_id: str, replica_id: str) -> int | ActorError:
         """The committed tokens of a session the router has on another replica than
