@@ -40,11 +40,6 @@ def tokens(seed: int, n: int = 5) -> list[int]:
     return [(seed * 31 + i * 7) % 250 + 1 for i in range(n)]
 
 
-def sigkill(server, replica_id: str) -> None:
-    pid = ray.get(server.replicas[replica_id].__ray_call__.remote(lambda actor: os.getpid()))
-    os.kill(pid, signal.SIGKILL)
-
-
 def continue_as_fresh(client: SessionClient, sessions) -> None:
     """Each session's next turn equals a fresh session's (it holds nothing, and is not lost)."""
     for n, s in enumerate(sessions):
@@ -67,7 +62,7 @@ def test_sessions_without_a_checkpoint_are_opened_again_on_a_replica_death(serve
 
     running = doomed[0].generate(tokens=[3, 4], max_new_tokens=400)
     assert next(running).token_ids  # a turn runs at the kill
-    sigkill(server, victim)
+    server.sigkill_replica(victim)
     with pytest.raises(grpc.RpcError) as ended:
         drain_stream(running)
     assert ended.value.code() == grpc.StatusCode.UNAVAILABLE, ended.value.details()
@@ -101,7 +96,7 @@ def test_a_session_opened_again_empty_is_opened_again_when_that_replica_dies_too
     server.wait_healed()
     sessions = [client.open(idle_timeout_s=IDLE_S) for _ in range(6)]
     first = sessions[0].replica_id
-    sigkill(server, first)
+    server.sigkill_replica(first)
     live = server.wait_healed()
     second = next(r for r in live if r != first)
 
@@ -110,7 +105,7 @@ def test_a_session_opened_again_empty_is_opened_again_when_that_replica_dies_too
         return next((v.sessions_pinned for v in views if v.replica_id == replica_id), 0)
 
     wait_for(lambda: pinned_to(second) == len(sessions), 60, 0.1, "every session on one replica")
-    sigkill(server, second)  # before any of them ran a turn
+    server.sigkill_replica(second)  # before any of them ran a turn
     live = wait_for(
         lambda: [r for r in server.wait_healed() if r not in (first, second)] or None,
         120,
@@ -158,7 +153,7 @@ def test_empty_sessions_a_replacement_store_holds_as_blank_are_opened_again(serv
         return all(held.get(sid, ("", None))[1] == IDLE_S for sid in on_victim)
 
     wait_for(blank_in_new_store, 60, 0.2, "the new store to hold the sessions as blank")
-    sigkill(server, victim)
+    server.sigkill_replica(victim)
     server.wait_healed(120)
     continue_as_fresh(client, sessions)  # none ABORTED
     for s in sessions:

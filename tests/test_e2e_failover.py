@@ -51,11 +51,6 @@ def pid_of(handle) -> int:
     return ray.get(handle.__ray_call__.remote(lambda actor: os.getpid()), timeout=30)
 
 
-def sigkill(server, replica_id: str) -> None:
-    """Kill the replica's worker process the hard way (no Ray shutdown path runs)."""
-    os.kill(pid_of(server.replicas[replica_id]), signal.SIGKILL)
-
-
 class Load:
     """One session's client: turns back to back (seeded), each recorded once it has ended; a
     turn that fails UNAVAILABLE is retried, unless the session continues past where the turn
@@ -106,7 +101,7 @@ def test_sessions_survive_a_sigkill_of_their_replica(server):
         load.thread.start()
     wait_for(lambda: all(len(load.done) >= 2 for load in loads), 60, 0.02, "two turns each")
     conversation.start_turn()
-    sigkill(server, victim)
+    server.sigkill_replica(victim)
     for load in loads:
         load.stop.set()
     for load in loads:
@@ -209,7 +204,7 @@ def test_a_drain_with_migration_while_another_replica_dies(server):
     drained, dying = sorted(placed - {extra})
     with ThreadPoolExecutor(1) as pool:
         drain = pool.submit(client.drain, drained, True, 120)
-        sigkill(server, dying)
+        server.sigkill_replica(dying)
         reply = drain.result(150)
     assert reply.sessions_left == 0 and reply.replica.state == pb.REPLICA_STATE_DRAINING
     server.wait_at_capacity([drained])

@@ -24,8 +24,6 @@ The replicas are killed, so the module has its own server, of three replicas.
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 from dataclasses import dataclass
 
@@ -65,11 +63,6 @@ def arm(server, replica_id: str, fault: str) -> None:
     handle = server.replicas[replica_id]
     armed = handle.__ray_call__.remote(lambda actor: actor.moves.call_faults.arm(fault))
     ray.get(armed, timeout=30)
-
-
-def sigkill(server, replica_id: str) -> None:
-    handle = server.replicas[replica_id]
-    os.kill(ray.get(handle.__ray_call__.remote(lambda a: os.getpid()), timeout=30), signal.SIGKILL)
 
 
 def turn(session, seed: int, n_new: int = 3) -> int:
@@ -292,7 +285,7 @@ def test_a_drain_whose_replica_dies_and_whose_failover_target_dies_importing(ser
         0.02,
         "the drain to claim the session",
     )
-    sigkill(server, victim)
+    server.sigkill_replica(victim)
     err = rpc_error(lambda: list(stream))
     assert err.code() == grpc.StatusCode.UNAVAILABLE, err  # the turn died with its replica
     drain.join(120)

@@ -17,9 +17,6 @@ the window is the second between two reports). The module has its own server.
 
 from __future__ import annotations
 
-import os
-import signal
-
 import grpc
 import pytest
 import ray
@@ -61,25 +58,17 @@ def test_a_session_released_just_before_its_replica_died_is_not_lost(server):
     drain_stream(brief.generate(tokens=prompt, max_new_tokens=6))
 
     handle = server.replicas[silent]
-    wait_for(
-        lambda: brief.id not in ray.get(handle.list_sessions.remote(), timeout=30),
-        30,
-        0.1,
-        "the idle timeout to end the brief session on its replica",
-    )
     store = server.stores[silent]
-    wait_for(
-        lambda: brief.id not in ray.get(store.sessions.remote(), timeout=30),
-        30,
-        0.1,
-        "its release to reach the store (which frees its checkpoint)",
-    )
+    for holder, what in [
+        (handle.list_sessions, "the idle timeout to end the brief session on its replica"),
+        (store.sessions, "its release to reach the store (which frees its checkpoint)"),
+    ]:
+        wait_for(lambda h=holder: brief.id not in ray.get(h.remote(), timeout=30), 30, 0.1, what)
     assert kept.id in ray.get(store.sessions.remote(), timeout=30)
     router = server.server.router
     assert brief.id in ray.get(router.pinned_sessions.remote(silent), timeout=30)  # not told
 
-    pid = ray.get(handle.__ray_call__.remote(lambda actor: os.getpid()), timeout=30)
-    os.kill(pid, signal.SIGKILL)
+    server.sigkill_replica(silent)
     wait_for(
         lambda: not ray.get(router.pinned_sessions.remote(silent), timeout=30),
         60,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import signal
 import threading
 import time
 from collections.abc import Iterable
@@ -93,6 +94,12 @@ class ServerThread:
     @property
     def stores(self) -> dict:
         return self.fleet().stores
+
+    def sigkill_replica(self, replica_id: str) -> None:
+        """Kill the replica's worker process the hard way (no Ray shutdown path runs)."""
+        handle = self.replicas[replica_id]
+        pid = ray.get(handle.__ray_call__.remote(lambda actor: os.getpid()), timeout=30)
+        os.kill(pid, signal.SIGKILL)
 
     def start_replicas(self, count: int, failpoints: frozenset[str] = frozenset()) -> list[str]:
         """``count`` replicas more, started by the controller (beyond the count it keeps), with
