@@ -48,7 +48,7 @@ def reporter_of(router) -> RouterReporter:
 
     async def registration() -> tuple:
         # the replica holds no session now: the idle timeout has released it
-        return None, DESC, {}, snapshot(next(seqs)), None, {}
+        return None, DESC, {}, snapshot(next(seqs)), None, {}, []
 
     return RouterReporter(REPLICA, router, lambda: snapshot(next(seqs)), registration)
 

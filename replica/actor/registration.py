@@ -2,8 +2,9 @@
 
 ``arguments()`` are ``register_replica``'s arguments after the replica id: its handle, its
 description, the sessions it holds and their tenants, its latest snapshot, its checkpoint
-store's handle, and those of its sessions that hold nothing yet with their idle timeouts. The
-router rebuilds its table from them (``replica.actor.reporting.RouterReporter`` sends them).
+store's handle, those of its sessions that hold nothing yet with their idle timeouts, and those
+marked moving out (a move the router's death cut off). The router rebuilds its table from them
+(``replica.actor.reporting.RouterReporter`` sends them).
 """
 
 from __future__ import annotations
@@ -30,12 +31,12 @@ class Registration:
         self.checkpoints = checkpoints
 
     async def arguments(self) -> tuple | None:
-        """``(handle, description, tenants, snapshot, checkpoint store, blank sessions)``, read
-        on the actor's event loop (the actor's own handle is Ray's runtime context's); None
-        while checkpoints are on and no store has followed this replica yet: a replica starting
-        up is registered by the serve process with its new store, and one that registered itself
-        without would be HEALTHY, taking sessions whose failover finds no store to restore them
-        from."""
+        """``(handle, description, tenants, snapshot, checkpoint store, blank sessions, moving
+        sessions)``, read on the actor's event loop (the actor's own handle is Ray's runtime
+        context's); None while checkpoints are on and no store has followed this replica yet: a
+        replica starting up is registered by the serve process with its new store, and one that
+        registered itself without would be HEALTHY, taking sessions whose failover finds no
+        store to restore them from."""
         if self.checkpoints.outbox is not None and self.checkpoints.store is None:
             return None
         return (
@@ -45,4 +46,5 @@ class Registration:
             await self.host.latest_snapshot(),
             self.checkpoints.store,
             await self.sessions.blank_sessions(),
+            await self.sessions.moving_sessions(),
         )

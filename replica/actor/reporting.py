@@ -34,7 +34,8 @@ class RouterReporter:
     ) -> None:
         """``router``: the router's handle; ``registration()`` gives ``register_replica``'s
         arguments after the replica id (handle, description, session tenants, snapshot,
-        checkpoint store, the idle timeouts of the sessions that hold nothing yet), or None
+        checkpoint store, the idle timeouts of the sessions that hold nothing yet, the sessions
+        marked moving out), or None
         while the replica may not register itself yet; ``drop_snapshots`` is the failpoint."""
         self.replica_id = replica_id
         self.router = RouterReports(router)
@@ -72,7 +73,7 @@ class RouterReporter:
             arguments = await self.registration()
             if arguments is None:  # not yet: see ``Registration.arguments``
                 return
-            handle, desc, tenants, snapshot, checkpoints, blank = arguments
+            handle, desc, tenants, snapshot, checkpoints, blank, moving = arguments
             await self.router.register_replica(
                 replica_id=self.replica_id,
                 handle=handle,
@@ -81,6 +82,7 @@ class RouterReporter:
                 snapshot=snapshot,
                 checkpoints=checkpoints,
                 blank=blank,
+                moving=moving,
             )
 
     async def report_death(self, why: str) -> None:

@@ -28,12 +28,14 @@ class RouterReports:
         snapshot: PoolSnapshot | None = None,
         checkpoints: Any = None,
         blank: dict[str, float] | None = None,
+        moving: list[str] | None = None,
     ) -> None:
         """Add or refresh replica ``replica_id`` (``handle``), adopting the sessions it holds
         (id -> tenant); ``checkpoints``: the handle of its checkpoint store, if any; ``blank``:
-        those of its sessions that hold nothing yet, with their idle timeouts."""
+        those of its sessions that hold nothing yet, with their idle timeouts; ``moving``: those
+        marked moving out."""
         await self.handle.register_replica.remote(
-            replica_id, handle, desc, tenants, snapshot, checkpoints, blank
+            replica_id, handle, desc, tenants, snapshot, checkpoints, blank, moving
         )
 
     async def report(self, *, snapshot: PoolSnapshot, released: list[str]) -> bool:

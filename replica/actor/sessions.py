@@ -100,3 +100,7 @@ class SessionCalls:
     async def blank_sessions(self) -> dict[str, float] | ActorError:
         """The open sessions that hold nothing yet, with their idle timeouts."""
         return await self.host.call(self.engine.session_ops.blank_sessions)
+
+    async def moving_sessions(self) -> list[str] | ActorError:
+        """The open sessions marked moving to another replica."""
+        return await self.host.call(self.engine.session_ops.moving_sessions)

@@ -140,6 +140,10 @@ class SessionOps:
             if s.close_reason is None and s.committed_tokens == 0
         }
 
+    def moving_sessions(self) -> list[str]:
+        """The open sessions marked moving to another replica (``SessionMoves.mark``)."""
+        return [s.session_id for s in self.sessions.sessions.values() if s.moving]
+
     def release_idle(self) -> list[str]:
         """Release the sessions idle past their timeout, except those with a turn waiting and
         those a stream holds open (``leases``); returns their ids."""

@@ -21,6 +21,7 @@ from replica.api import (
     clip_id,
 )
 from router.control.api import ReplicaHealth
+from router.control.cut_off_moves import CutOffMoves
 from router.control.opens import Opener
 from router.control.registry import ReplicaRegistry
 from router.control.table import BlankOpen, SessionTable
@@ -33,6 +34,7 @@ class ClusterCalls:
         self.replicas = replicas
         self.sessions = sessions
         self.opener = opener
+        self.cut_off = CutOffMoves(replicas, sessions)
 
     async def register_replica(
         self,
@@ -43,10 +45,13 @@ class ClusterCalls:
         snapshot: PoolSnapshot | None,
         checkpoints: Any,
         blank: dict[str, float],
+        moving: list[str],
     ) -> None:
         """Add or refresh a replica, adopting the sessions it says it holds (id -> tenant);
         ``checkpoints`` is its checkpoint store, when it has one; ``blank`` those sessions that
-        hold nothing yet, with their idle timeouts (a failover may open them again, empty).
+        hold nothing yet, with their idle timeouts (a failover may open them again, empty);
+        ``moving`` those it marks moving out (a move this router's restart cut off: one copy of
+        each is kept, ``CutOffMoves``).
 
         A replica declared dead stays dead (the serve process kills and replaces it): if it
         turns out to be alive, its sessions, restored elsewhere or told ABORTED, are released
@@ -66,11 +71,19 @@ class ClusterCalls:
         entry = self.replicas.register(replica_id, handle, desc, checkpoints)
         if snapshot is not None:
             entry.take(snapshot)
-        for sid, tenant in tenants.items():
+        keep, release_here, release_elsewhere = self.cut_off.sort(replica_id, tenants, set(moving))
+        for sid in keep:
             empty = BlankOpen(blank[sid], entry.store_epoch) if sid in blank else None
-            self.sessions.pin(sid, replica_id, tenant, empty)
-        log.info("replica %s registered with %d sessions", replica_id, len(tenants))
+            self.sessions.pin(sid, replica_id, tenants[sid], empty)
+        log.info("replica %s registered with %d sessions", replica_id, len(keep))
+        await self.cut_off.release(replica_id, release_here)
+        for source, ids in release_elsewhere.items():
+            await self.cut_off.release(source, ids)
         await self.opener.notify_room()
+
+    async def replicas_accounted(self) -> None:
+        """Every replica has registered: moves cut off before they landed are taken back."""
+        await self.cut_off.take_back()
 
     async def _failover_ended(self, replica_id: str, incarnation: str) -> None:
         """Wait for the failover of the fenced ``incarnation`` of ``replica_id``, if any runs."""

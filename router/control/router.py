@@ -103,11 +103,19 @@ class SessionRouter:
         snapshot: PoolSnapshot | None = None,
         checkpoints: Any = None,
         blank: dict[str, float] | None = None,
+        moving: list[str] | None = None,
     ) -> None:
         """``ClusterCalls.register_replica``."""
         self._start()
         await self.cluster.register_replica(
-            replica_id, handle, desc, dict(tenants or {}), snapshot, checkpoints, blank or {}
+            replica_id,
+            handle,
+            desc,
+            dict(tenants or {}),
+            snapshot,
+            checkpoints,
+            blank or {},
+            list(moving or ()),
         )
 
     async def report(self, snapshot: PoolSnapshot, released: list[str]) -> bool:
@@ -135,6 +143,7 @@ class SessionRouter:
         """The controller's word that every replica it knows has registered here or been handed
         over (``recover_replica``): routes of unknown sessions stop waiting (``Routing``)."""
         self.routing.accounted()
+        await self.cluster.replicas_accounted()
 
     async def views(self) -> list[ReplicaView]:
         return [self._view(rid) for rid in sorted(self.replicas)]
