@@ -172,9 +172,10 @@ class ReplicaClient:
     ) -> PoolSnapshot | ActorError:
         return await self.handle.finish_export.remote(session_ids, moved)
 
-    async def import_sessions(self, *, parts: list) -> Imported | ActorError:
-        """``parts``: ``SessionStates`` records or references to them."""
-        return await self.handle.import_sessions.remote(parts)
+    async def import_sessions(self, *, parts: list, hold_s: float = 0.0) -> Imported | ActorError:
+        """``parts``: ``SessionStates`` records or references to them; each session is held
+        (as by a stream lease) at least ``hold_s`` seconds."""
+        return await self.handle.import_sessions.remote(parts, hold_s)
 
     # ----- checkpoints --------------------------------------------------------------------
 

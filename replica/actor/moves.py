@@ -70,13 +70,14 @@ class MoveCalls:
             self.call_faults.crash_if("finish_export_crashes")
         return await self.host.call(self.engine.moves.finish, session_ids, moved)
 
-    async def import_sessions(self, parts: list) -> Imported | ActorError:
+    async def import_sessions(self, parts: list, hold_s: float = 0.0) -> Imported | ActorError:
         """``parts``: ``SessionStates`` records, or ObjectRefs of them (fetched here, straight
-        from the object store they are in). With checkpoints on, answers once the sessions'
-        first checkpoints here are stored: the state is never in one replica's hands only."""
+        from the object store they are in); each session held at least ``hold_s`` seconds. With
+        checkpoints on, answers once the sessions' first checkpoints here are stored: the state
+        is never in one replica's hands only."""
         self.call_faults.raise_if("import_fails", "import_sessions")
         records = [await part if isinstance(part, ray.ObjectRef) else part for part in parts]
-        imported = await self.host.call(self.engine.moves.import_, records)
+        imported = await self.host.call(self.engine.moves.import_, records, hold_s)
         self.call_faults.crash_if("import_crashes")  # dies with the sessions in its pools
         await self.call_faults.stall_if("import_stalls")  # may be declared dead meanwhile
         if not isinstance(imported, ActorError):

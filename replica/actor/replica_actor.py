@@ -237,8 +237,8 @@ class ReplicaActor:
     async def finish_export(self, session_ids: list[str], moved: bool) -> PoolSnapshot | ActorError:
         return await self.moves.finish_export(session_ids, moved)
 
-    async def import_sessions(self, parts: list) -> Imported | ActorError:
-        return await self.moves.import_sessions(parts)
+    async def import_sessions(self, parts: list, hold_s: float = 0.0) -> Imported | ActorError:
+        return await self.moves.import_sessions(parts, hold_s)
 
     async def checkpoint_stream(self, store: Any, confirm_on_ack: bool):
         async for item in self.checkpoints.stream(store, confirm_on_ack):

@@ -96,14 +96,17 @@ class SessionMoves:
                 slot.moving_since = None
         return self.snapshot()
 
-    def import_(self, records: Sequence[SessionStates]) -> Imported:
-        """Open the sessions of ``records`` here, with their state and stream leases."""
+    def import_(self, records: Sequence[SessionStates], hold_s: float = 0.0) -> Imported:
+        """Open the sessions of ``records`` here, with their state and stream leases; each held
+        (as by a lease) at least ``hold_s`` seconds (a failover's: the gateway of a stream that
+        held it on its dead replica finds it here meanwhile)."""
         opened, refused = [], {}
         for record in records:
             slots, errors = self.transfer.import_(record)
             for meta in record.sessions:
-                if meta.lease_s > 0 and meta.session_id not in errors:
-                    self.leases.hold([meta.session_id], meta.lease_s)
+                lease_s = max(meta.lease_s, hold_s)
+                if lease_s > 0 and meta.session_id not in errors:
+                    self.leases.hold([meta.session_id], lease_s)
             opened += [self.info(slot) for slot in slots]
             refused.update({sid: exc.to_actor_error() for sid, exc in errors.items()})
         self.imported_total += len(opened)

@@ -44,6 +44,10 @@ from router.control.table import ReplicaEntry, SessionState, SessionTable
 log = logging.getLogger(__name__)
 
 STORE_WAIT_S = 5.0  # how long the dead replica's checkpoint stream may take to end
+# a session a failover places (restored or opened again) is held where it lands this long, as
+# by a stream lease: its idle timeout may be shorter than the failover, and a Converse stream's
+# gateway renews its lease there only once the failover's outcome has reached it
+RESTORED_HOLD_S = 30.0
 
 
 class Failover:
@@ -65,7 +69,9 @@ class Failover:
         self.wait_for_room = wait_for_room
         self.on_dead = on_dead
         self.wait_s = wait_s
-        self.blank = BlankReopen(replicas, sessions, migrator, wait_for_room, on_dead, wait_s)
+        self.blank = BlankReopen(
+            replicas, sessions, migrator, wait_for_room, on_dead, wait_s, RESTORED_HOLD_S
+        )
 
     def start(self, replica_id: str) -> None:
         entry = self.replicas[replica_id]
@@ -228,7 +234,9 @@ class Failover:
         entry = self.replicas[target]
         entry.reserved += len(ids)
         try:
-            imported = await entry.replica.import_sessions(parts=[found[s][1][0] for s in ids])
+            imported = await entry.replica.import_sessions(
+                parts=[found[s][1][0] for s in ids], hold_s=RESTORED_HOLD_S
+            )
         except Exception as exc:  # noqa: BLE001 - blamed on the side that failed
             if object_lost(exc):  # the checkpoints are gone, not the target: nothing to restore
                 log.error("import on %s could not fetch the checkpoints: %s", target, exc)
