@@ -7,7 +7,8 @@ learns where only once the failover's outcome reaches it, then renews there at i
 a session whose idle timeout is shorter than that gap was released on its new replica before
 the lease came, and the stream's next input found it gone (``NOT_FOUND``, 2-7 sessions of
 every ``bench.chaos`` run, whose idle timeout is 3 s). A failover now holds what it places for
-30 s where it lands: the stream goes on, exactly, after a pause of several idle timeouts.
+15 s (one lease) where it lands: the stream goes on, exactly, after a pause of several idle
+timeouts.
 
 The test kills a replica, so the module has its own server.
 """

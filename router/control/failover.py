@@ -45,9 +45,9 @@ log = logging.getLogger(__name__)
 
 STORE_WAIT_S = 5.0  # how long the dead replica's checkpoint stream may take to end
 # a session a failover places (restored or opened again) is held where it lands this long, as
-# by a stream lease: its idle timeout may be shorter than the failover, and a Converse stream's
-# gateway renews its lease there only once the failover's outcome has reached it
-RESTORED_HOLD_S = 30.0
+# by one stream lease (a moved session carries what is left of its own): its idle timeout may
+# be shorter than the time a Converse stream's gateway takes to find it there and renew
+RESTORED_HOLD_S = 15.0
 
 
 class Failover:
