@@ -6,9 +6,9 @@ few seconds where the session is. A failover restores it on another replica, and
 learns where only once the failover's outcome reaches it, then renews there at its next round;
 a session whose idle timeout is shorter than that gap was released on its new replica before
 the lease came, and the stream's next input found it gone (``NOT_FOUND``, 2-7 sessions of
-every ``bench.chaos`` run, whose idle timeout is 3 s). A failover now holds what it places for
-15 s (one lease) where it lands: the stream goes on, exactly, after a pause of several idle
-timeouts.
+every ``bench.chaos`` run, whose idle timeout is 3 s). A checkpoint now carries the session's
+stream lease, and a failover holds a session a stream held for 15 s (one lease) where it lands:
+the stream goes on, exactly, after a pause of several idle timeouts.
 
 The test kills a replica, so the module has its own server.
 """

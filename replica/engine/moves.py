@@ -97,14 +97,15 @@ class SessionMoves:
         return self.snapshot()
 
     def import_(self, records: Sequence[SessionStates], hold_s: float = 0.0) -> Imported:
-        """Open the sessions of ``records`` here, with their state and stream leases; each held
-        (as by a lease) at least ``hold_s`` seconds (a failover's: the gateway of a stream that
-        held it on its dead replica finds it here meanwhile)."""
+        """Open the sessions of ``records`` here, with their state and stream leases; one a
+        stream held (its record's lease, from a move, or from a checkpoint taken while a stream
+        held it) is held at least ``hold_s`` seconds (a failover's: the stream's gateway finds
+        it here meanwhile)."""
         opened, refused = [], {}
         for record in records:
             slots, errors = self.transfer.import_(record)
             for meta in record.sessions:
-                lease_s = max(meta.lease_s, hold_s)
+                lease_s = max(meta.lease_s, hold_s) if meta.lease_s > 0 else 0.0
                 if lease_s > 0 and meta.session_id not in errors:
                     self.leases.hold([meta.session_id], lease_s)
             opened += [self.info(slot) for slot in slots]

@@ -19,6 +19,7 @@ from replica.api import (
     ReplicaDrainingError,
     SessionInfo,
     SessionMovingError,
+    SessionStates,
 )
 from replica.checkpoints.log import CheckpointBatch, CheckpointLog
 from replica.config import ReplicaConfig
@@ -187,4 +188,12 @@ class SessionOps:
         """What the steps since the last call leave to checkpoint (None: checkpoints off)."""
         if self.checkpoints is None:
             return None
-        return self.checkpoints.take(self.transfer.export)
+        return self.checkpoints.take(self._export_checkpoint)
+
+    def _export_checkpoint(
+        self, slots: Sequence[SessionRecord], kv_from: dict[str, int] | None = None
+    ) -> SessionStates:
+        """A checkpoint record, with what is left of each session's stream lease: a failover
+        holds a session a stream held where it lands (``SessionMoves.import_``)."""
+        leases = self.leases.remaining([s.session_id for s in slots])
+        return self.transfer.export(slots, leases, kv_from)

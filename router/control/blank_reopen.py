@@ -43,16 +43,13 @@ class BlankReopen:
         wait_for_room: Callable[[float], Awaitable[None]],
         on_dead: Callable[[str, str], Awaitable[Any]],
         wait_s: float,
-        hold_s: float,
     ) -> None:
-        """``hold_s``: how long a session opened again is held where it lands (a lease)."""
         self.replicas = replicas
         self.sessions = sessions
         self.migrator = migrator
         self.wait_for_room = wait_for_room
         self.on_dead = on_dead
         self.wait_s = wait_s
-        self.hold_s = hold_s
 
     def select(
         self, dead: ReplicaEntry, ids: list[str], store_blank: dict[str, float]
@@ -136,9 +133,7 @@ class BlankReopen:
     ) -> tuple[list[str], list[str]]:
         """Open ``sessions`` empty on ``target``; returns (opened, refused for want of room)."""
         entry = self.replicas[target]
-        requests = [
-            (s.session_id, s.blank.idle_timeout_s, "", s.tenant, self.hold_s) for s in sessions
-        ]
+        requests = [(s.session_id, s.blank.idle_timeout_s, "", s.tenant, 0.0) for s in sessions]
         ids = [s.session_id for s in sessions]
         epoch = entry.store_epoch  # the store that follows them there from their open
         entry.reserved += len(ids)

@@ -44,9 +44,9 @@ from router.control.table import ReplicaEntry, SessionState, SessionTable
 log = logging.getLogger(__name__)
 
 STORE_WAIT_S = 5.0  # how long the dead replica's checkpoint stream may take to end
-# a session a failover places (restored or opened again) is held where it lands this long, as
-# by one stream lease (a moved session carries what is left of its own): its idle timeout may
-# be shorter than the time a Converse stream's gateway takes to find it there and renew
+# a session a stream held (its checkpoint says so) is held this long where a failover restores
+# it, as by one stream lease (a moved session carries what is left of its own): its idle
+# timeout may be shorter than the time the stream's gateway takes to find it there and renew
 RESTORED_HOLD_S = 15.0
 
 
@@ -69,9 +69,7 @@ class Failover:
         self.wait_for_room = wait_for_room
         self.on_dead = on_dead
         self.wait_s = wait_s
-        self.blank = BlankReopen(
-            replicas, sessions, migrator, wait_for_room, on_dead, wait_s, RESTORED_HOLD_S
-        )
+        self.blank = BlankReopen(replicas, sessions, migrator, wait_for_room, on_dead, wait_s)
 
     def start(self, replica_id: str) -> None:
         entry = self.replicas[replica_id]
