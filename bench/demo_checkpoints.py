@@ -16,7 +16,12 @@ checkpoints per session the run wrote (the replicas' ``checkpoints_written`` cou
 demo's /metrics), the best on ÷ off that one item per checkpoint allows is CPU off ÷ (CPU off +
 checkpoints per session x that item's CPU).
 
-Run: ``python -m bench.demo_checkpoints [--quick]``. Goal: sessions/s on ÷ off >= 0.9.
+Before the pairs, one demo run that is not counted warms the box (the first process to import
+torch and start Ray on it pays for cold caches: 40 % slower in one run); the pairs alternate
+which of the two runs first, so neither always runs on a box the other just warmed.
+
+Run: ``python -m bench.demo_checkpoints [--quick] [--warmups N]``. Goal: sessions/s on ÷ off
+>= 0.9.
 """
 
 from __future__ import annotations
@@ -124,10 +129,13 @@ def item_floor(runs: list[DemoRun], replicas: int = 2) -> ItemCost:
 def main() -> None:
     parser = cli.parser(__doc__)
     parser.add_argument("--sessions", type=int, default=300)
+    parser.add_argument("--warmups", type=int, default=1, help="demo runs not counted (1)")
     args = cli.parse(parser)
+    for _ in range(args.warmups):
+        demo(True, args.sessions)
     runs: dict[bool, list[DemoRun]] = {True: [], False: []}
-    for _ in range(args.repeats):
-        for checkpoints in (False, True):
+    for i in range(args.repeats):
+        for checkpoints in (False, True) if i % 2 == 0 else (True, False):
             runs[checkpoints].append(demo(checkpoints, args.sessions))
     floor = item_floor(runs[True])
     table = Table(

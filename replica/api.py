@@ -550,9 +550,11 @@ class ChatInput:
     """A turn's input given as a conversation (in a ``TurnArgs``' text place): the replica
     renders it with the chat template and tokenizes it in the submit's own call, so a chat turn
     costs one round trip, not a render's and then a submit's. With ``prior_ids`` (the tokens
-    the session holds) only what follows their text is fed, and the turn goes only when the
-    rendering begins with that text; otherwise nothing is done (``RenderedTurn.turn`` None:
-    the caller replays the conversation into a fresh session)."""
+    the session holds) only what follows their text is fed. The turn goes only when the
+    rendering begins with that text and the session holds exactly ``len(prior_ids)`` committed
+    tokens (none without them: a failover may have restored an older state, since a chat
+    turn's end is not held for its checkpoint); otherwise nothing is done
+    (``RenderedTurn.turn`` None: the caller replays the conversation into a fresh session)."""
 
     messages: list[dict[str, str]]
     prior_ids: list[int] | None = None

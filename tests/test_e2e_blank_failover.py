@@ -22,7 +22,7 @@ import ray
 
 from replica.api import SessionInfo
 from router.client import SessionClient
-from tests.support.cluster import drain_stream, wait_for
+from tests.support.cluster import actor_pid, drain_stream, wait_for
 from tests.support.servers import serve_cluster
 
 SEEDED = dict(temperature=0.7, seed=7)
@@ -139,7 +139,7 @@ def test_empty_sessions_a_replacement_store_holds_as_blank_are_opened_again(serv
     on_victim = [s.id for s in sessions if s is mover or s.replica_id == victim]
 
     old_store = server.stores[victim]
-    pid = ray.get(old_store.__ray_call__.remote(lambda store: os.getpid()), timeout=30)
+    pid = actor_pid(old_store)
     os.kill(pid, signal.SIGKILL)
 
     def blank_in_new_store() -> bool:

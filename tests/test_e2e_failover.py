@@ -25,7 +25,7 @@ import ray
 
 from protos import session_router_pb2 as pb
 from router.client import SessionClient, generate_request
-from tests.support.cluster import drain_stream, wait_for
+from tests.support.cluster import actor_pid, drain_stream, wait_for
 from tests.support.servers import serve_cluster
 
 SEEDED = dict(temperature=0.7, seed=99)
@@ -45,10 +45,6 @@ def server(ray_cluster, checkpoint_dir):
 
 def tokens(seed: int, n: int = 5) -> list[int]:
     return [(seed * 29 + i * 13) % 250 + 1 for i in range(n)]
-
-
-def pid_of(handle) -> int:
-    return ray.get(handle.__ray_call__.remote(lambda actor: os.getpid()), timeout=30)
 
 
 class Load:
@@ -236,7 +232,7 @@ def test_a_replica_killed_with_its_store_is_restored_from_files(server, checkpoi
             done[s.id].append((seed, ids, at))
     victim = sessions[0].replica_id
     assert any((checkpoint_dir / victim).iterdir())
-    pids = pid_of(server.stores[victim]), pid_of(server.replicas[victim])
+    pids = actor_pid(server.stores[victim]), actor_pid(server.replicas[victim])
     for pid in pids:  # as when the node that held both dies
         os.kill(pid, signal.SIGKILL)
 

@@ -22,7 +22,7 @@ import pytest
 import ray
 
 from router.client import SessionClient
-from tests.support.cluster import drain_stream, wait_for
+from tests.support.cluster import actor_pid, drain_stream, wait_for
 from tests.support.servers import serve_cluster
 
 SEEDED = dict(temperature=0.7, seed=11)
@@ -61,7 +61,7 @@ def test_a_move_cut_off_by_the_routers_death_leaves_one_copy(server):
         "the import to land in the target's pools",
     )
     router = server.server.router
-    pid = ray.get(router.__ray_call__.remote(lambda actor: os.getpid()), timeout=30)
+    pid = actor_pid(router)
     os.kill(pid, signal.SIGKILL)
 
     def one_copy() -> str | None:
@@ -98,7 +98,7 @@ def test_a_move_cut_off_before_it_landed_leaves_the_session_on_its_source(server
     handle = server.replicas[session.replica_id]
     ray.get(handle.mark_moving.remote([session.id]), timeout=30)
     router = server.server.router
-    pid = ray.get(router.__ray_call__.remote(lambda actor: os.getpid()), timeout=30)
+    pid = actor_pid(router)
     os.kill(pid, signal.SIGKILL)
 
     went_on = drain_stream(session.generate(tokens=[7, 8], max_new_tokens=6, timeout=60, **SEEDED))

@@ -20,7 +20,7 @@ import ray
 from replica.api import ReleaseReason
 from router.client import SessionClient
 from router.control.api import ReplicaHealth
-from tests.support.cluster import drain_stream, wait_for
+from tests.support.cluster import actor_pid, drain_stream, wait_for
 from tests.support.servers import serve_cluster
 
 SEEDED = dict(temperature=0.7, seed=5)
@@ -55,7 +55,7 @@ def test_a_paused_replica_that_comes_back_loses_no_session(server):
     doomed = [s.id for s in sessions if s.replica_id == victim]
     assert doomed and len(doomed) < len(sessions)
     handle = server.replicas[victim]
-    pid = ray.get(handle.__ray_call__.remote(lambda actor: os.getpid()), timeout=30)
+    pid = actor_pid(handle)
 
     os.kill(pid, signal.SIGSTOP)
     try:

@@ -23,7 +23,7 @@ import ray
 
 from protos import session_router_pb2 as pb
 from router.client import SessionClient
-from tests.support.cluster import drain_stream, wait_for
+from tests.support.cluster import actor_pid, drain_stream, wait_for
 from tests.support.metrics import parse_samples, select
 from tests.support.servers import serve_cluster
 
@@ -121,7 +121,7 @@ def test_a_killed_replica_is_still_fenced_and_failed_over(server):
     victim = sessions[0].replica_id
     (survivor,) = set(server.replicas) - {victim}
     doomed = [s for s in sessions if s.replica_id == victim]
-    pid = ray.get(server.replicas[victim].__ray_call__.remote(lambda actor: os.getpid()))
+    pid = actor_pid(server.replicas[victim])
     os.kill(pid, signal.SIGKILL)
 
     wait_for(

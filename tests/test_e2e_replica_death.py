@@ -18,7 +18,7 @@ import ray
 
 from protos import session_router_pb2 as pb
 from router.client import SessionClient
-from tests.support.cluster import drain_stream, rpc_error, wait_for
+from tests.support.cluster import actor_pid, drain_stream, rpc_error, wait_for
 from tests.support.servers import serve_cluster
 
 STALE_AFTER_S = 2.0
@@ -176,7 +176,7 @@ def test_a_paused_replica_is_declared_dead_killed_and_replaced(server):
     victim = sessions[0].replica_id
     handle = server.replicas[victim]
     mine = [s for s in sessions if s.replica_id == victim]
-    pid = ray.get(handle.__ray_call__.remote(lambda actor: os.getpid()))
+    pid = actor_pid(handle)
 
     def aborted(session) -> bool:  # the gateway follows the router's verdict within a poll
         try:

@@ -21,7 +21,7 @@ import ray
 
 from router.client import SessionClient
 from router.control.api import ReplicaHealth
-from tests.support.cluster import drain_stream, wait_for
+from tests.support.cluster import actor_pid, drain_stream, wait_for
 from tests.support.servers import serve_cluster
 
 SEEDED = dict(temperature=0.7, seed=7)
@@ -37,10 +37,6 @@ def server(ray_cluster):
 
 def turn_tokens(k: int, n: int) -> list[int]:
     return [(k * 31 + n * 17 + i * 7) % 250 + 1 for i in range(4)]
-
-
-def pid_of(handle) -> int:
-    return ray.get(handle.__ray_call__.remote(lambda actor: os.getpid()), timeout=30)
 
 
 def views(server) -> list:
@@ -79,7 +75,7 @@ def test_a_replica_that_dies_while_the_router_restarts_fails_over(server):
         return all(held.get(sid, ("", None))[1] is not None for sid in blank_doomed)
 
     wait_for(store_knows_blanks, 10, 0.05, "the victim's store to know its blank sessions")
-    victim_pid = pid_of(server.replicas[victim])
+    victim_pid = actor_pid(server.replicas[victim])
 
     ray.kill(server.server.router, no_restart=False)  # Ray restarts it with empty tables
     os.kill(victim_pid, signal.SIGKILL)  # dies before it could register with the new router
@@ -107,7 +103,7 @@ def test_a_router_that_dies_during_a_failover_leaves_the_rest_to_its_successor(r
         assert len(doomed) == SESSIONS // 2, [s.replica_id for s in sessions]
         survivor = next(s.replica_id for s in sessions if s.replica_id != victim)
         replies = run_turns(sessions)
-        os.kill(pid_of(server.replicas[victim]), signal.SIGKILL)
+        os.kill(actor_pid(server.replicas[victim]), signal.SIGKILL)
 
         def one_restored() -> bool:
             listed = {v.replica_id: v for v in views(server)}

@@ -27,7 +27,7 @@ import ray
 from replica.checkpoints.holds import HOLD_S
 from router.client import SessionClient
 from router.control.fleet import Fleet
-from tests.support.cluster import ServerThread, drain_stream, tokens, wait_for
+from tests.support.cluster import ServerThread, actor_pid, drain_stream, tokens, wait_for
 from tests.support.metrics import parse_samples, select
 
 SESSIONS = 8
@@ -42,13 +42,9 @@ def server(ray_cluster):
     srv.stop()
 
 
-def pid_of(handle) -> int:
-    return ray.get(handle.__ray_call__.remote(lambda actor: os.getpid()), timeout=30)
-
-
 def sigkill(handle) -> None:
     """Kill an actor's worker process the hard way (no Ray shutdown path runs)."""
-    os.kill(pid_of(handle), signal.SIGKILL)
+    os.kill(actor_pid(handle), signal.SIGKILL)
 
 
 class Turns:
@@ -143,7 +139,7 @@ def test_a_dead_store_is_replaced_and_its_sessions_checkpointed_again(server):
     # whose name is not the first one's
     taker = Fleet(server.config, server.server.router)
     server.call(taker.adopt())
-    assert pid_of(taker.stores[victim]) == pid_of(new_store)
+    assert actor_pid(taker.stores[victim]) == actor_pid(new_store)
     wait_for(
         lambda: (
             exported(server, "session_router_sessions_unprotected", victim) == [0]
@@ -220,7 +216,7 @@ def test_a_hung_store_holds_no_turn_up_and_follows_again(server):
     wait_all_checkpointed(server, victim, len(mine), 10, "every session of the victim checkpointed")
     slowest_before = max(took for load in loads for _, took in load.took)
     store = server.stores[victim]
-    pid = ray.get(store.__ray_call__.remote(lambda actor: os.getpid()), timeout=30)
+    pid = actor_pid(store)
 
     stopped_at = time.monotonic()
     os.kill(pid, signal.SIGSTOP)

@@ -21,10 +21,15 @@ from replica.api import (
     SamplingParams,
     SessionInfo,
     SessionMovingError,
+    StatusCode,
 )
 
 if TYPE_CHECKING:
     from replica.engine.engine import Engine
+
+# the result of a chat turn that does not continue the state it names: nothing was done (no
+# fork made, nothing released, nothing queued); the caller replays the conversation
+NOT_FED = ActorError(StatusCode.FAILED_PRECONDITION, "the turn does not continue the state")
 
 
 def open_batch(engine: Engine, requests: list[OpenArgs]) -> OpenedBatch:
@@ -50,21 +55,36 @@ def open_batch(engine: Engine, requests: list[OpenArgs]) -> OpenedBatch:
 def submit_batch(
     engine: Engine, gateway_id: str, turns: list[tuple]
 ) -> list[int | ForkedTurn | ActorError]:
-    """Queue each turn (``(session_id, input_ids, sampling[, (child_id, lease_s)])``, or the
+    """Queue each turn (``(session_id, input_ids, sampling[, fork[, continues]])``, or the
     ``ActorError`` that refused its input already); each result is its turn id (a
-    ``ForkedTurn`` for one that asked for a fork) or its refusal. Events go to ``gateway_id``'s
-    stream."""
+    ``ForkedTurn`` for one given a fork's ``(child_id, lease_s[, replaces])``) or its refusal.
+    A turn given ``continues`` (a chat turn: how many committed tokens the session must hold,
+    those its caller saw it end at) goes only when the session holds exactly that many, else
+    ``NOT_FED`` (a failover restored it from an older checkpoint); such a turn's end is not held
+    for its checkpoint, since its next turn names the state it continues in the same way.
+    Events go to ``gateway_id``'s stream."""
     results: list[int | ForkedTurn | ActorError] = []
     for turn in turns:
         if isinstance(turn, ActorError):
             results.append(turn)
             continue
-        session_id, input_ids, sampling, *fork = turn
+        session_id, input_ids, sampling, *rest = turn
+        fork = rest[0] if rest else None
+        continues = rest[1] if len(rest) > 1 else None
+        if continues is not None and not engine.continues(session_id, continues):
+            results.append(NOT_FED)
+            continue
+        names_state = continues is not None
         try:
             if fork:
-                results.append(fork_then_submit(engine, gateway_id, turn[:3], *fork[0]))
+                turn_args = (session_id, input_ids, sampling)
+                forked = fork_then_submit(
+                    engine, gateway_id, turn_args, *fork, names_state=names_state
+                )
+                results.append(forked)
             else:
-                results.append(engine.submit(session_id, input_ids, sampling, gateway_id).rid)
+                req = engine.submit(session_id, input_ids, sampling, gateway_id, names_state)
+                results.append(req.rid)
         except ReplicaError as exc:
             results.append(exc.to_actor_error())
     return results
@@ -77,6 +97,7 @@ def fork_then_submit(
     child_id: str,
     lease_s: float,
     replaces: str | None = None,
+    names_state: bool = False,
 ) -> ForkedTurn:
     """Release ``replaces`` (the rollback point this fork replaces: its room is the fork's),
     fork the turn's session into ``child_id`` (its state before the turn: a rollback point;
@@ -100,7 +121,7 @@ def fork_then_submit(
         if lease_s > 0:
             engine.leases.hold([child_id], lease_s)
     try:
-        turn_id = engine.submit(session_id, input_ids, sampling, gateway_id).rid
+        turn_id = engine.submit(session_id, input_ids, sampling, gateway_id, names_state).rid
     except BaseException:
         if not isinstance(fork, ActorError):
             engine.close_session(child_id, ReleaseReason.ABORTED)

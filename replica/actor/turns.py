@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from replica.actor.batch_calls import submit_batch
+from replica.actor.batch_calls import NOT_FED, submit_batch
 from replica.actor.engine_host import EngineHost
 from replica.api import (
     ActorError,
@@ -33,9 +33,6 @@ if TYPE_CHECKING:
     from replica.model import Tokenizer
 
 TurnResult = int | ForkedTurn | RenderedTurn | ActorError
-# the engine's input of a chat turn that does not continue the state it names: passed over by
-# ``submit_batch`` as a refusal would be, answered ``RenderedTurn(prompt, None)``
-NOT_FED = ActorError(StatusCode.FAILED_PRECONDITION, "the rendering does not continue the state")
 
 
 class TurnCalls:
@@ -84,8 +81,11 @@ class TurnCalls:
                 inputs.append(ActorError(StatusCode.INVALID_ARGUMENT, why))
             elif isinstance(text, ChatInput):
                 prompt, ids = self._render(text)
-                refused = isinstance(ids, ActorError)
-                inputs.append(ids if refused else (session_id, ids, sampling, *fork))
+                if isinstance(ids, ActorError):
+                    inputs.append(ids)
+                else:  # it goes only on the state it names (``submit_batch``)
+                    held = len(text.prior_ids or ())
+                    inputs.append((session_id, ids, sampling, fork[0] if fork else None, held))
             else:
                 ids = self.tokenizer.encode(text) if text is not None else list(token_ids or [])
                 inputs.append((session_id, ids, sampling, *fork))

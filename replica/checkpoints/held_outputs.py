@@ -4,10 +4,12 @@ whose checkpoint is not stored yet held back.
 A session is *waiting* from the moment its checkpoint is queued for the store until the store
 has it (``stored``); its events and token rows meanwhile go to its ``TurnHolds`` (in order,
 bounded by ``hold_s``; a session whose hold was given up is not held again until a checkpoint of
-it is stored). Every other session's outputs go on at once, but for one thing: a step whose
-outputs hold a session back waits whole for the store's next take, ``STEP_WAIT_S`` at most, so
-that the turn's end usually reaches the gateway in the same stream item as the step's other
-tokens instead of one of its own; outputs dispatched meanwhile join it, in order. Used on the
+it is stored), unless it is *unheld* (``wait``: its next turn is refused on any other state, so
+a failover that loses this one is found then). Every other session's outputs go on at once,
+but for one thing: a step whose outputs hold a session back waits whole for the store's next
+take, ``STEP_WAIT_S`` at most, so that the turn's end usually reaches the gateway in the same
+stream item as the step's other tokens instead of one of its own; outputs dispatched meanwhile
+join it, in order. Used on the
 actor's event loop only (``holds.given_up`` may be read from the engine thread).
 """
 
@@ -28,6 +30,7 @@ class HeldOutputs:
         self.send = send
         self.holds = TurnHolds(lambda events: send([StepOutputs(events)]), hold_s)
         self.waiting: dict[str, int] = {}  # session id -> number of its checkpoint on its way
+        self.unheld: set[str] = set()  # of those, the ones whose outputs go on meanwhile
         self._deferred: list[StepOutputs] = []  # outputs waiting whole for the store's take
         self._timer: asyncio.TimerHandle | None = None
 
@@ -36,7 +39,7 @@ class HeldOutputs:
         if self._deferred:
             self._deferred.extend(outputs)
             return
-        if not self.waiting and not self.holds.holding():  # nothing to hold: all goes on
+        if len(self.waiting) == len(self.unheld) and not self.holds.holding():  # none waits
             self.send(outputs)
             return
         if self._holds_back(outputs):
@@ -45,12 +48,22 @@ class HeldOutputs:
             return
         self._split(outputs)
 
+    def wait(self, session_id: str, seq: int, hold: bool = True) -> None:
+        """The session's checkpoint numbered ``seq`` is on its way; its outputs wait for it
+        unless not ``hold`` (its next turn is refused if a failover loses this state)."""
+        self.waiting[session_id] = seq
+        if hold:
+            self.unheld.discard(session_id)
+        else:
+            self.unheld.add(session_id)
+
     def stored(self, seq: int) -> list[str]:
         """The store has every checkpoint numbered up to ``seq``: the sessions that waited for
         them (returned) go on, held events first, and the outputs deferred go on (idempotent)."""
         stored = [sid for sid, s in self.waiting.items() if s <= seq]
         for session_id in stored:
             del self.waiting[session_id]
+            self.unheld.discard(session_id)
             self.holds.stored(session_id)
         self.flush()
         return stored
@@ -58,6 +71,7 @@ class HeldOutputs:
     def release_all(self) -> None:
         """No checkpoint is on its way any more (the store is gone): everything goes on."""
         self.waiting.clear()
+        self.unheld.clear()
         self.flush()
         self.holds.release_all()
 
@@ -70,21 +84,28 @@ class HeldOutputs:
         if deferred:
             self._split(deferred)
 
+    def _waits(self, session_id: str) -> bool:
+        """Whether the session's outputs wait for its checkpoint now."""
+        return (
+            session_id in self.waiting
+            and session_id not in self.unheld
+            and session_id not in self.holds.given_up
+        )
+
     def _holds_back(self, outputs: list[StepOutputs]) -> bool:
         """Whether a session of ``outputs`` waits (and its hold was not given up)."""
-        waiting, given_up = self.waiting, self.holds.given_up
         return any(
-            sid in waiting and sid not in given_up
+            self._waits(sid)
             for out in outputs
             for sid in (*(e.session_id for e in out.events), *out.session_ids)
         )
 
     def _split(self, outputs: list[StepOutputs]) -> None:
         """Hold what belongs to held or waiting sessions, in order; send the rest on."""
-        holding, waiting, given_up = self.holds.holding(), self.waiting, self.holds.given_up
+        holding = self.holds.holding()
 
         def held(sid: str) -> bool:
-            return sid in holding or (sid in waiting and sid not in given_up)
+            return sid in holding or self._waits(sid)
 
         for out in outputs:
             now = []

@@ -43,14 +43,16 @@ class CheckpointBatch:
     """What one engine step leaves to write: each changed session's state (``saved``), the
     sessions whose checkpoints to free (``dropped``), those released (``released``: the
     same, unless a failpoint leaks), those whose committed state changed while no store
-    followed (``unsaved``: no checkpoint of it was taken), and the changed sessions that hold
-    nothing (``blank``: session id, tenant, idle timeout)."""
+    followed (``unsaved``: no checkpoint of it was taken), the changed sessions that hold
+    nothing (``blank``: session id, tenant, idle timeout), and those of ``saved`` whose turn's
+    end need not wait for its checkpoint (``unheld``: its turns name the state they continue)."""
 
     saved: list[SessionStates] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
     released: list[str] = field(default_factory=list)
     unsaved: list[str] = field(default_factory=list)
     blank: list[tuple[str, str, float]] = field(default_factory=list)
+    unheld: list[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.saved or self.released or self.unsaved or self.blank)
@@ -102,7 +104,7 @@ class CheckpointLog:
             unsaved = [sid for sid, slot in self._changed.items() if slot.committed_len > 0]
             self._changed.clear()
         ready = [s for s in self._changed.values() if s.turn is None]
-        saved, blank = [], []
+        saved, blank, unheld = [], [], []
         for slot in ready:
             sid = slot.session_id
             del self._changed[sid]
@@ -114,6 +116,8 @@ class CheckpointLog:
             kv_from = {sid: before} if 0 < before <= slot.committed_len else None
             saved.append(export([slot], kv_from=kv_from))
             self._sent[sid] = slot.committed_len
-        batch = CheckpointBatch(saved, self._dropped, self._released, unsaved, blank)
+            if slot.names_state:
+                unheld.append(sid)
+        batch = CheckpointBatch(saved, self._dropped, self._released, unsaved, blank, unheld)
         self._dropped, self._released = [], []
         return batch

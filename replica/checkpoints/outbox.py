@@ -16,7 +16,9 @@ item by acknowledgement instead.
 
 A turn's last event is held back until the checkpoint of that turn's end is stored, for
 at most ``TurnHolds.hold_s`` (``outputs``, a ``HeldOutputs``), so a client that saw a turn end
-will find its session at that turn's committed tokens after a failover; the session's later
+will find its session at that turn's committed tokens after a failover (but for a turn that
+named the state it continued, a chat turn, whose next turn is refused on any other: ``unheld``
+in the batch); the session's later
 events queue behind it, in order, and every other session's events go on (a step that holds a
 turn end waits whole for the store's next take, a few milliseconds at most).
 
@@ -145,6 +147,7 @@ class CheckpointOutbox:
         if batch.blank:
             seq = self._put(CheckpointBlank(tuple(batch.blank)))
             self._blank_at.update((session_id, seq) for session_id, _, _ in batch.blank)
+        unheld = batch.unheld
         for record in batch.saved:
             meta = record.sessions[0]
             session_id = meta.session_id
@@ -154,7 +157,7 @@ class CheckpointOutbox:
                 continue
             self._chains[session_id] = meta.committed_len
             self._expected.add(session_id)
-            self.outputs.waiting[session_id] = self._put(record)
+            self.outputs.wait(session_id, self._put(record), hold=session_id not in unheld)
             self.written_total += 1
             self.bytes_written_total += record.nbytes
 

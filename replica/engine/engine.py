@@ -140,9 +140,16 @@ class Engine:
         input_ids: Sequence[int],
         sampling: SamplingParams | None = None,
         gateway_id: str | None = None,
+        names_state: bool = False,
     ) -> Req:
         """``TurnOps.submit``: queue a turn (raises a typed ``ReplicaError``)."""
-        return self.turn_ops.submit(session_id, input_ids, sampling, gateway_id)
+        return self.turn_ops.submit(session_id, input_ids, sampling, gateway_id, names_state)
+
+    def continues(self, session_id: str, committed_tokens: int) -> bool:
+        """Whether the session holds ``committed_tokens`` tokens (True for one not open here:
+        its turn is refused as such)."""
+        slot = self.sessions.sessions.get(session_id)
+        return slot is None or slot.committed_tokens == committed_tokens
 
     def interrupt(self, session_id: str) -> bool:
         """``TurnOps.interrupt``: barge-in."""

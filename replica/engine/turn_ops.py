@@ -56,9 +56,12 @@ class TurnOps:
         input_ids: Sequence[int],
         sampling: SamplingParams | None = None,
         gateway_id: str | None = None,
+        names_state: bool = False,
     ) -> Req:
         """Queue a turn; its events go to ``gateway_id`` (from now on, the session's gateway).
-        Validates everything up front; raises a typed ``ReplicaError``."""
+        ``names_state``: its caller checked the state it continues, and checks the next turn's
+        the same way, so the turn's end need not wait for its checkpoint. Validates everything
+        up front; raises a typed ``ReplicaError``."""
         slot = self.sessions.get(session_id)
         context = slot.committed_tokens + len(input_ids)  # committed_tokens counts pending ones
         room = self.config.pools.max_context - context
@@ -75,6 +78,7 @@ class TurnOps:
         check_turn(slot, input_ids, sampling, self.vocab_size, self.config.pools.max_context)
         if gateway_id is not None:
             slot.gateway_id = gateway_id
+        slot.names_state = names_state
         self.sessions.residency.touch(slot)
         req = Req(session_id, list(input_ids), sampling)
         if not input_ids and not slot.pending_ids:

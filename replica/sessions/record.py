@@ -46,6 +46,9 @@ class SessionRecord:
     close_reason: ReleaseReason | None = None  # set when a close waits for the turn to end
     host: HostSlots | None = None  # while parked: its state in the host tier
     moving_since: float | None = None  # clock time it was marked moving to another replica
+    # its last turn named the state it continued (a chat turn), as its next will: a turn end
+    # that a failover loses is found then, so the end is not held for its checkpoint
+    names_state: bool = False
 
     @property
     def moving(self) -> bool:

@@ -97,9 +97,7 @@ class ServerThread:
 
     def sigkill_replica(self, replica_id: str) -> None:
         """Kill the replica's worker process the hard way (no Ray shutdown path runs)."""
-        handle = self.replicas[replica_id]
-        pid = ray.get(handle.__ray_call__.remote(lambda actor: os.getpid()), timeout=30)
-        os.kill(pid, signal.SIGKILL)
+        os.kill(actor_pid(self.replicas[replica_id]), signal.SIGKILL)
 
     def start_replicas(self, count: int, failpoints: frozenset[str] = frozenset()) -> list[str]:
         """``count`` replicas more, started by the controller (beyond the count it keeps), with
@@ -168,6 +166,11 @@ class ServerThread:
                 break
             time.sleep(0.1)
         self.assert_no_leaks(ids, at_capacity=True)
+
+
+def actor_pid(handle) -> int:
+    """The process id of the actor's worker (to signal it as a node's fault would)."""
+    return ray.get(handle.__ray_call__.remote(lambda actor: os.getpid()), timeout=30)
 
 
 def opens_waiting(server: ServerThread) -> int:
