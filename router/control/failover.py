@@ -38,6 +38,7 @@ from router.call_errors import CallFailure, FailureKind, log_failure, object_los
 from router.control.api import FailoverOutcome
 from router.control.blank_reopen import BlankReopen, unassigned
 from router.control.migration import Migrator
+from router.control.opens import Opener
 from router.control.registry import ReplicaRegistry
 from router.control.table import ReplicaEntry, SessionState, SessionTable
 
@@ -56,20 +57,23 @@ class Failover:
         replicas: ReplicaRegistry,
         sessions: SessionTable,
         migrator: Migrator,
-        wait_for_room: Callable[[float], Awaitable[None]],
+        opener: Opener,
         on_dead: Callable[[str, str], Awaitable[Any]],
         wait_s: float,
         checkpoint_dir: str = "",
     ) -> None:
-        """``checkpoint_dir``: where the stores also write (``CheckpointFiles``; '': nowhere)."""
+        """``opener``: whose room the restores wait for, claimed ahead of new opens;
+        ``checkpoint_dir``: where the stores also write (``CheckpointFiles``; '': nowhere)."""
         self.checkpoint_dir = checkpoint_dir
         self.replicas = replicas
         self.sessions = sessions
         self.migrator = migrator
-        self.wait_for_room = wait_for_room
+        self.opener = opener
         self.on_dead = on_dead
         self.wait_s = wait_s
-        self.blank = BlankReopen(replicas, sessions, migrator, wait_for_room, on_dead, wait_s)
+        self.blank = BlankReopen(
+            replicas, sessions, migrator, opener.wait_for_room, on_dead, wait_s
+        )
 
     def start(self, replica_id: str) -> None:
         entry = self.replicas[replica_id]
@@ -189,28 +193,32 @@ class Failover:
         restored: dict[str, int] = {}
         pending, excluded = sorted(found), {dead}
         deadline = time.monotonic() + self.wait_s
-        while pending:
-            groups = self.migrator.assign(pending, None, excluded)
-            if not groups:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                await self.wait_for_room(min(1.0, left))
-                excluded = {dead}
-                continue
-            outcomes = await asyncio.gather(
-                *(self._import(tid, sids, found) for tid, sids in groups.items())
-            )
-            pending = unassigned(pending, groups)  # no room in view for them: they wait
-            await self._hand_over(dead, [sid for landed, _ in outcomes for sid in landed])
-            for tid, (landed, refused) in zip(groups, outcomes):
-                restored.update(landed)
-                for sid, why in refused.items():
-                    if why.code == StatusCode.RESOURCE_EXHAUSTED:
-                        pending.append(sid)
-                        excluded.add(tid)
-                    else:
-                        log.warning("%s refused session %s: %s", tid, sid[:16], why.message)
+        try:
+            while pending:
+                groups = self.migrator.assign(pending, None, excluded)
+                if not groups:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    await self.opener.claim_room(dead, len(pending))  # ahead of new opens
+                    await self.opener.wait_for_room(min(1.0, left))
+                    excluded = {dead}
+                    continue
+                outcomes = await asyncio.gather(
+                    *(self._import(tid, sids, found) for tid, sids in groups.items())
+                )
+                pending = unassigned(pending, groups)  # no room in view for them: they wait
+                await self._hand_over(dead, [sid for landed, _ in outcomes for sid in landed])
+                for tid, (landed, refused) in zip(groups, outcomes):
+                    restored.update(landed)
+                    for sid, why in refused.items():
+                        if why.code == StatusCode.RESOURCE_EXHAUSTED:
+                            pending.append(sid)
+                            excluded.add(tid)
+                        else:
+                            log.warning("%s refused session %s: %s", tid, sid[:16], why.message)
+        finally:
+            await self.opener.claim_room(dead, 0)
         if pending:
             log.warning("%d sessions found no room within %.0f s", len(pending), self.wait_s)
         return restored

@@ -14,6 +14,11 @@ open, so that the open leaves no session behind: an open still waiting for room 
 next look, and one that lands anyway is released at once (reason ``aborted``). Abandoned ids are
 remembered (bounded, least recently abandoned first out), so an abandon that overtakes its open
 still counts.
+
+Restores come first: while a failover has sessions waiting for room (``claim_room``), new opens
+wait as if no replica had room, so that the room a release or a replacement replica makes goes
+to sessions that hold state, not to new ones (which are refused RESOURCE_EXHAUSTED at their
+timeout, as on any full cluster).
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ class Opener:
         self.running: dict[str, asyncio.Future] = {}  # session id -> its open's result
         self._abandoned: LRUCache[str, bool] = LRUCache(MAX_ABANDONED)
         self._room = asyncio.Condition()
+        self._claims: dict[str, int] = {}  # claimant -> its sessions waiting for room
 
     def abandoned(self, session_id: str) -> bool:
         return session_id in self._abandoned
@@ -63,6 +69,19 @@ class Opener:
         """Room may have appeared (a release, a snapshot, a new replica): waiting opens look."""
         async with self._room:
             self._room.notify_all()
+
+    async def claim_room(self, claimant: str, sessions: int) -> None:
+        """``claimant`` (a failover) has ``sessions`` sessions waiting for room: new opens wait
+        until no claim is left (0 ends this one; idempotent)."""
+        if sessions > 0:
+            self._claims[claimant] = sessions
+        elif self._claims.pop(claimant, None) is not None:
+            await self.notify_room()
+
+    @property
+    def room_claimed(self) -> int:
+        """Sessions of failovers waiting for room now."""
+        return sum(self._claims.values())
 
     async def wait_for_room(self, timeout_s: float) -> None:
         """Wait until room may have appeared, or ``timeout_s`` has passed."""
@@ -151,7 +170,9 @@ class Opener:
                 return _abandoned_error()
             views = [self.view(rid) for rid in self.replicas]
             reserved = {rid: e.reserved + refused.get(rid, 0) for rid, e in self.replicas.items()}
-            replica_id = choose_replica(views, reserved, prefix_ids=prefix_ids)
+            replica_id = None
+            if not self._claims:  # else restores come first
+                replica_id = choose_replica(views, reserved, prefix_ids=prefix_ids)
             if replica_id is not None:
                 route = await self._open_on(
                     replica_id, session_id, idle_timeout_s, tenant, gateway_id, lease_s, prefix
@@ -164,9 +185,13 @@ class Opener:
                 continue
             left = deadline - time.monotonic()
             if left <= 0:
-                return ActorError(
-                    StatusCode.RESOURCE_EXHAUSTED, room_report(views, reserved).message()
-                )
+                why = room_report(views, reserved).message()
+                if self._claims:
+                    why = (
+                        f"{self.room_claimed} sessions of a failed replica take the room first "
+                        f"(its restores come before new sessions); retry shortly ({why})"
+                    )
+                return ActorError(StatusCode.RESOURCE_EXHAUSTED, why)
             try:
                 async with self._room:
                     await asyncio.wait_for(self._room.wait(), timeout=left)

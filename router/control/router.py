@@ -62,7 +62,7 @@ class SessionRouter:
             self.replicas,
             self.sessions,
             self.migrator,
-            self.opener.wait_for_room,
+            self.opener,
             self._declare_dead,
             config.failover_wait_s,
             config.checkpoint_dir,
