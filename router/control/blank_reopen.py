@@ -15,14 +15,15 @@ for room as restores do.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from replica.api import ActorError, StatusCode
 from router.call_errors import CallFailure, FailureKind, log_failure
 from router.control.migration import Migrator
+from router.control.opens import Opener
 from router.control.registry import ReplicaRegistry
+from router.control.room_wait import Landed, place_waiting
 from router.control.table import (
     BlankOpen,
     ReplicaEntry,
@@ -40,14 +41,15 @@ class BlankReopen:
         replicas: ReplicaRegistry,
         sessions: SessionTable,
         migrator: Migrator,
-        wait_for_room: Callable[[float], Awaitable[None]],
+        opener: Opener,
         on_dead: Callable[[str, str], Awaitable[Any]],
         wait_s: float,
     ) -> None:
+        """``opener``: whose room the reopens wait for, claimed ahead of new opens."""
         self.replicas = replicas
         self.sessions = sessions
         self.migrator = migrator
-        self.wait_for_room = wait_for_room
+        self.opener = opener
         self.on_dead = on_dead
         self.wait_s = wait_s
 
@@ -104,26 +106,21 @@ class BlankReopen:
 
     async def reopen(self, blank: dict[str, SessionEntry], dead: str) -> dict[str, int]:
         """Open ``blank`` again, empty, on live replicas with room (same id, tenant and idle
-        timeout); returns those opened, each at 0 committed tokens."""
-        reopened: dict[str, int] = {}
-        pending, excluded = sorted(blank), {dead}
-        deadline = time.monotonic() + self.wait_s
-        while pending:
-            groups = self.migrator.assign(pending, None, excluded)
-            if not groups:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                await self.wait_for_room(min(1.0, left))
-                excluded = {dead}
-                continue
-            pending = unassigned(pending, groups)
+        timeout), waiting for room as restores do; returns those opened, each at 0 committed
+        tokens."""
+
+        async def land(groups: dict[str, list[str]]) -> Landed:
+            done = Landed({}, [], set())
             for target, ids in groups.items():
                 landed, full = await self._open_empty(target, [blank[s] for s in ids])
-                reopened.update(dict.fromkeys(landed, 0))
-                pending += full
+                done.sessions.update(dict.fromkeys(landed, 0))
+                done.full.extend(full)
                 if full:
-                    excluded.add(target)
+                    done.full_targets.add(target)
+            return done
+
+        args = (self.migrator, self.opener, self.wait_s, land)
+        reopened, pending = await place_waiting(list(blank), dead, *args)
         if pending:
             log.warning("%d sessions found no room to open again in time", len(pending))
         return reopened
@@ -163,10 +160,3 @@ class BlankReopen:
         pinned = self.migrator.claims.land(landed, target, blank_epoch=epoch)
         strays = await self.migrator.landing.strays([s for s in landed if s not in pinned], target)
         return pinned, full + strays  # a target declared dead meanwhile: another is tried
-
-
-def unassigned(ids: list[str], groups: dict[str, list[str]]) -> list[str]:
-    """Those of ``ids`` that placement gave no target (it ran out of room in view): they wait
-    for room with the refused ones, never dropped."""
-    assigned = {sid for sids in groups.values() for sid in sids}
-    return [sid for sid in ids if sid not in assigned]

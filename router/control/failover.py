@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -36,10 +35,11 @@ from replica.api import ActorError, MigrationReason, StatusCode
 from replica.checkpoints.files import CheckpointFiles
 from router.call_errors import CallFailure, FailureKind, log_failure, object_lost
 from router.control.api import FailoverOutcome
-from router.control.blank_reopen import BlankReopen, unassigned
+from router.control.blank_reopen import BlankReopen
 from router.control.migration import Migrator
 from router.control.opens import Opener
 from router.control.registry import ReplicaRegistry
+from router.control.room_wait import Landed, place_waiting
 from router.control.table import ReplicaEntry, SessionState, SessionTable
 
 log = logging.getLogger(__name__)
@@ -71,9 +71,7 @@ class Failover:
         self.opener = opener
         self.on_dead = on_dead
         self.wait_s = wait_s
-        self.blank = BlankReopen(
-            replicas, sessions, migrator, opener.wait_for_room, on_dead, wait_s
-        )
+        self.blank = BlankReopen(replicas, sessions, migrator, opener, on_dead, wait_s)
 
     def start(self, replica_id: str) -> None:
         entry = self.replicas[replica_id]
@@ -188,37 +186,27 @@ class Failover:
         return found, answered, blank, released
 
     async def _restore(self, found: dict[str, Any], dead: str) -> dict[str, int]:
-        """Import ``found`` (session id -> (meta, [checkpoint ref])) on live replicas; returns
-        the restored ones with their committed tokens."""
-        restored: dict[str, int] = {}
-        pending, excluded = sorted(found), {dead}
-        deadline = time.monotonic() + self.wait_s
-        try:
-            while pending:
-                groups = self.migrator.assign(pending, None, excluded)
-                if not groups:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    await self.opener.claim_room(dead, len(pending))  # ahead of new opens
-                    await self.opener.wait_for_room(min(1.0, left))
-                    excluded = {dead}
-                    continue
-                outcomes = await asyncio.gather(
-                    *(self._import(tid, sids, found) for tid, sids in groups.items())
-                )
-                pending = unassigned(pending, groups)  # no room in view for them: they wait
-                await self._hand_over(dead, [sid for landed, _ in outcomes for sid in landed])
-                for tid, (landed, refused) in zip(groups, outcomes):
-                    restored.update(landed)
-                    for sid, why in refused.items():
-                        if why.code == StatusCode.RESOURCE_EXHAUSTED:
-                            pending.append(sid)
-                            excluded.add(tid)
-                        else:
-                            log.warning("%s refused session %s: %s", tid, sid[:16], why.message)
-        finally:
-            await self.opener.claim_room(dead, 0)
+        """Import ``found`` (session id -> (meta, [checkpoint ref])) on live replicas, waiting
+        for room ahead of new opens; returns the restored ones with their committed tokens."""
+
+        async def land(groups: dict[str, list[str]]) -> Landed:
+            outcomes = await asyncio.gather(
+                *(self._import(tid, sids, found) for tid, sids in groups.items())
+            )
+            await self._hand_over(dead, [sid for landed, _ in outcomes for sid in landed])
+            done = Landed({}, [], set())
+            for tid, (landed, refused) in zip(groups, outcomes):
+                done.sessions.update(landed)
+                for sid, why in refused.items():
+                    if why.code == StatusCode.RESOURCE_EXHAUSTED:
+                        done.full.append(sid)
+                        done.full_targets.add(tid)
+                    else:
+                        log.warning("%s refused session %s: %s", tid, sid[:16], why.message)
+            return done
+
+        args = (self.migrator, self.opener, self.wait_s, land)
+        restored, pending = await place_waiting(list(found), dead, *args)
         if pending:
             log.warning("%d sessions found no room within %.0f s", len(pending), self.wait_s)
         return restored
