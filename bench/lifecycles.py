@@ -13,7 +13,13 @@ elsewhere falls on all three alike:
 
 The yardstick, in the same run: raw async actor calls (``ping`` on a replica actor), their
 latency one at a time and their rate with 16 and 64 in flight, and what share of that ceiling
-each path's lifecycles/s reach. Goal (issue 13): gateway / direct lifecycles/s >= 0.8 at 64.
+each path's lifecycles/s reach. And the floor of the gateway path's gRPC half: the same client
+process against a bare grpc.aio server of the same service in this process
+(``bench.harness.bare_server``: open and close answered at once, the turn's 8 chunks streamed
+one per 1 ms tick), at concurrency 64. On a box whose cores every process shares, the gateway
+path costs at least the direct path's work plus what gRPC costs the client and a server, so
+gateway / direct is at most bare / (bare + direct) in lifecycles/s. Goal (issue 13): gateway /
+direct lifecycles/s >= 0.8 at 64.
 
 Run: ``python -m bench.lifecycles [--quick] [--threads N] [--replicas N]``.
 """
@@ -24,8 +30,10 @@ import argparse
 from collections import defaultdict
 
 from bench.harness import runner
+from bench.harness.bare_server import BareServer
 from bench.harness.cluster import LocalCluster
 from bench.harness.direct_driver import DirectDriver
+from bench.harness.grpc_driver import GrpcDriver
 from bench.harness.inprocess_driver import InProcessDriver, build_engine
 from bench.harness.load import calls_per_second, sequential_ms
 from bench.harness.report import Goal, Table, number, ratio
@@ -38,6 +46,8 @@ CONCURRENCY = (1, 16, 64)
 MODES = ("gateway", "direct", "in-process")
 ACTOR_CALLS = {"gateway": 5, "direct": 3}  # per lifecycle, besides the stream items
 GOAL_GATEWAY_VS_DIRECT = 0.8  # lifecycles/s at concurrency 64 (issue 13)
+BARE = "bare gRPC"  # the floor's mode, at concurrency 64 only
+BARE_STEP_S = 0.001
 
 Runs = dict[tuple[str, int], list[LifecycleSamples]]
 
@@ -47,6 +57,8 @@ async def measure(cluster: LocalCluster, args: argparse.Namespace) -> list[Goal]
     grpc = await cluster.grpc()
     direct = DirectDriver(cluster.handles)
     inproc = InProcessDriver(build_engine(cluster.replica_config))
+    bare_server = await BareServer(BARE_STEP_S).start()
+    bare = await GrpcDriver.start(bare_server.address)
     ping = cluster.handles[0].ping.remote
     runs: Runs = defaultdict(list)
     try:
@@ -54,6 +66,7 @@ async def measure(cluster: LocalCluster, args: argparse.Namespace) -> list[Goal]
         await grpc.lifecycles(1, 0.3, 0.0, NEW_TOKENS)
         await direct.lifecycles(1, 0.3, 0.0, NEW_TOKENS)
         inproc.lifecycles(1, 0.3, 0.0, NEW_TOKENS)
+        await bare.lifecycles(1, 0.3, 0.0, NEW_TOKENS)
         ping_ms = await sequential_ms(ping, 200 if args.quick else 500)
         total = 1000 if args.quick else 3000
         ping_rates = {n: await calls_per_second(ping, n, total) for n in (16, 64)}
@@ -68,18 +81,28 @@ async def measure(cluster: LocalCluster, args: argparse.Namespace) -> list[Goal]
                 runs["in-process", conc].append(
                     inproc.lifecycles(conc, seconds, warmup, NEW_TOKENS)
                 )
+            runs[BARE, 64].append(await bare.lifecycles(64, seconds, warmup, NEW_TOKENS))
     finally:
         direct.stop()
+        bare.stop()
+        await bare_server.stop()
     print_lifecycles(runs)
     print_ratios(runs)
     print_yardstick(runs, ping_ms, ping_rates)
-    gateway_vs_direct = ratios(*(rates(runs, mode, 64) for mode in ("gateway", "direct")))
+    gateway, direct_rates, bare_rates = (rates(runs, m, 64) for m in ("gateway", "direct", BARE))
+    ceiling = [b / (b + d) for b, d in zip(bare_rates, direct_rates)]
+    print(
+        f"\nfloor: a bare grpc.aio server of the same service, the same client, concurrency 64: "
+        f"{Spread.of(bare_rates).format('.1f')} lifecycles/s; gateway / direct can be at most "
+        f"bare / (bare + direct) = {Spread.of(ceiling).format('.2f')}"
+    )
     return [
         Goal(
             "gateway / direct lifecycles/s at concurrency 64",
-            gateway_vs_direct,
+            ratios(gateway, direct_rates),
             GOAL_GATEWAY_VS_DIRECT,
-        )
+        ),
+        Goal("floor: bare / (bare + direct) at 64", Spread.of(ceiling), GOAL_GATEWAY_VS_DIRECT),
     ]
 
 
