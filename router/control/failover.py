@@ -89,6 +89,7 @@ class Failover:
         claimed = await self.migrator.claims.claim(
             self.sessions.sessions_of(replica_id), replica_id
         )
+        await self.opener.claim_room(replica_id, len(claimed))  # room for them before new opens
         try:
             found, answered, store_blank, released = await self._checkpoints(entry, list(claimed))
             self._released_before(replica_id, released)
@@ -122,6 +123,7 @@ class Failover:
             return FailoverOutcome(restored, lost)
         finally:
             self.migrator.claims.release(claimed)
+            await self.opener.claim_room(replica_id, 0)
             if entry.checkpoints is not None:
                 try:
                     ray.kill(entry.checkpoints, no_restart=True)

@@ -15,10 +15,11 @@ next look, and one that lands anyway is released at once (reason ``aborted``). A
 remembered (bounded, least recently abandoned first out), so an abandon that overtakes its open
 still counts.
 
-Restores come first: while a failover has sessions waiting for room (``claim_room``), new opens
-wait as if no replica had room, so that the room a release or a replacement replica makes goes
+Restores come first: a failover claims room for the sessions it has still to place
+(``claim_room``, from the moment the replica is dead), and new opens wait while the room in view
+is no more than what is claimed, so that the room a release or a replacement replica makes goes
 to sessions that hold state, not to new ones (which are refused RESOURCE_EXHAUSTED at their
-timeout, as on any full cluster).
+timeout, as on any full cluster). With room to spare, opens go on as ever.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from cachetools import LRUCache
 from replica.api import ActorError, ReleaseReason, StatusCode
 from router.call_errors import CallFailure, FailureKind, log_failure
 from router.control.api import ReplicaHealth, ReplicaView, Route
-from router.control.placement import choose_replica
+from router.control.placement import candidates, choose_replica
 from router.control.registry import ReplicaRegistry
 from router.control.room_report import room_report
 from router.control.table import BlankOpen, ReplicaEntry, SessionTable
@@ -71,8 +72,8 @@ class Opener:
             self._room.notify_all()
 
     async def claim_room(self, claimant: str, sessions: int) -> None:
-        """``claimant`` (a failover) has ``sessions`` sessions waiting for room: new opens wait
-        until no claim is left (0 ends this one; idempotent)."""
+        """``claimant`` (a failover) has ``sessions`` sessions to place: new opens leave them
+        that much room (0 ends the claim; idempotent)."""
         if sessions > 0:
             self._claims[claimant] = sessions
         elif self._claims.pop(claimant, None) is not None:
@@ -171,7 +172,7 @@ class Opener:
             views = [self.view(rid) for rid in self.replicas]
             reserved = {rid: e.reserved + refused.get(rid, 0) for rid, e in self.replicas.items()}
             replica_id = None
-            if not self._claims:  # else restores come first
+            if self._room_left(views, reserved):  # else restores come first
                 replica_id = choose_replica(views, reserved, prefix_ids=prefix_ids)
             if replica_id is not None:
                 route = await self._open_on(
@@ -186,7 +187,7 @@ class Opener:
             left = deadline - time.monotonic()
             if left <= 0:
                 why = room_report(views, reserved).message()
-                if self._claims:
+                if not self._room_left(views, reserved):
                     why = (
                         f"{self.room_claimed} sessions of a failed replica take the room first "
                         f"(its restores come before new sessions); retry shortly ({why})"
@@ -198,6 +199,11 @@ class Opener:
             except asyncio.TimeoutError:
                 pass
             refused.clear()
+
+    def _room_left(self, views: list[ReplicaView], reserved: dict[str, int]) -> bool:
+        """Whether the room in view is more than what failovers claim for their sessions."""
+        claimed = self.room_claimed
+        return not claimed or sum(r.new_sessions for r in candidates(views, reserved)) > claimed
 
     async def _open_on(
         self,

@@ -32,20 +32,20 @@ async def place_waiting(
 ) -> tuple[dict[str, int], list[str]]:
     """Place ``ids`` (sessions of the dead replica ``dead``) in groups that placement chooses
     (target -> session ids), each round handed to ``land``. Sessions that find no room wait for
-    it up to ``wait_s``, and while they wait the room is claimed ahead of new opens
-    (``Opener.claim_room``; the claim ends with this call). Returns the sessions that landed and
-    those that found no room in time."""
+    it up to ``wait_s``; room for those still to place is claimed ahead of new opens
+    (``Opener.claim_room``, under ``dead``; the claim ends with this call). Returns the
+    sessions that landed and those that found no room in time."""
     landed: dict[str, int] = {}
     pending, excluded = sorted(ids), {dead}
     deadline = time.monotonic() + wait_s
     try:
         while pending:
+            await opener.claim_room(dead, len(pending))
             groups = migrator.assign(pending, None, excluded)
             if not groups:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                await opener.claim_room(dead, len(pending))
                 await opener.wait_for_room(min(1.0, left))
                 excluded = {dead}
                 continue

@@ -33,7 +33,11 @@ from router.gateway.router_updates import RouterUpdates
 log = logging.getLogger(__name__)
 
 MAX_FOLLOWS = 8  # a session that moves more often than this during one call: retry
-STILL_MOVING_S = 0.05  # the router has re-pinned the session; its old replica not unmarked yet
+# the router pins the session where a replica still refuses it as moving (a move settling, or
+# one a router restart cut off, which the replica gives back once every replica has registered
+# with the new router): wait this long, doubling each time up to the cap, before asking again
+STILL_MOVING_S = 0.05
+STILL_MOVING_MAX_S = 2.0
 FOLLOWED = (StatusCode.UNAVAILABLE, StatusCode.NOT_FOUND)
 
 
@@ -67,7 +71,7 @@ class Follower:
         """``make(route)`` (an actor call named ``what`` about ``route``'s session), made where
         the session is: returns the route that answered and its result; refusals are raised as
         ``Refused``."""
-        for _ in range(MAX_FOLLOWS):
+        for follow in range(MAX_FOLLOWS):
             try:
                 result = await retrying(lambda r=route: make(r))
             except Exception as exc:  # noqa: BLE001 - read by kind: only a dead replica is lost
@@ -84,7 +88,7 @@ class Follower:
             if moved.replica_id == route.replica_id:
                 if result.code == StatusCode.NOT_FOUND:
                     raise Refused(result.code, result.message)
-                await asyncio.sleep(STILL_MOVING_S)
+                await asyncio.sleep(min(STILL_MOVING_S * 2**follow, STILL_MOVING_MAX_S))
             route = moved
         raise Refused(StatusCode.UNAVAILABLE, "the session kept moving during the call; retry")
 
