@@ -9,8 +9,8 @@ a failover that loses this one is found then). Every other session's outputs go 
 but for one thing: a step whose outputs hold a session back waits whole for the store's next
 take, ``STEP_WAIT_S`` at most, so that the turn's end usually reaches the gateway in the same
 stream item as the step's other tokens instead of one of its own; outputs dispatched meanwhile
-join it, in order. Used on the
-actor's event loop only (``holds.given_up`` may be read from the engine thread).
+join it, in order. Used on the actor's event loop only (``holds.given_up`` may be read from the
+engine thread).
 """
 
 from __future__ import annotations

@@ -18,9 +18,9 @@ A turn's last event is held back until the checkpoint of that turn's end is stor
 at most ``TurnHolds.hold_s`` (``outputs``, a ``HeldOutputs``), so a client that saw a turn end
 will find its session at that turn's committed tokens after a failover (but for a turn that
 named the state it continued, a chat turn, whose next turn is refused on any other: ``unheld``
-in the batch); the session's later
-events queue behind it, in order, and every other session's events go on (a step that holds a
-turn end waits whole for the store's next take, a few milliseconds at most).
+in the batch); the session's later events queue behind it, in order, and every other session's
+events go on (a step that holds a turn end waits whole for the store's next take, a few
+milliseconds at most).
 
 One store follows at a time: a store that calls ``stream`` replaces the one before (whose stream
 ends) and starts over from nothing. A store that is gone never ends its stream itself (Ray keeps

@@ -61,7 +61,7 @@ class Opener:
         self.running: dict[str, asyncio.Future] = {}  # session id -> its open's result
         self._abandoned: LRUCache[str, bool] = LRUCache(MAX_ABANDONED)
         self._room = asyncio.Condition()
-        self._claims: dict[str, int] = {}  # claimant -> its sessions waiting for room
+        self._claims: dict[str, int] = {}  # claimant (a dead replica) -> sessions it has to place
 
     def abandoned(self, session_id: str) -> bool:
         return session_id in self._abandoned
