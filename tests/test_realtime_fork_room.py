@@ -55,7 +55,16 @@ def held(served) -> tuple[set[str], set[str]]:
 
 def pinned_as_held(served, count: int) -> None:
     """The replica holds ``count`` sessions, and the router pins exactly those (soon)."""
-    wait_for(lambda: (lambda s, p: len(s) == count and s == p)(*held(served)), timeout=30)
+    seen: list = []
+
+    def agree() -> bool:
+        seen[:] = held(served)
+        return len(seen[0]) == count and seen[0] == seen[1]
+
+    try:
+        wait_for(agree, timeout=30)
+    except AssertionError:
+        raise AssertionError(f"{count} sessions wanted; held, pinned: {seen}") from None
 
 
 def test_a_lone_connection_at_capacity_keeps_its_rollback_point(served, client, peer):
