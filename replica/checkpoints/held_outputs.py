@@ -84,28 +84,22 @@ class HeldOutputs:
         if deferred:
             self._split(deferred)
 
-    def _waits(self, session_id: str) -> bool:
-        """Whether the session's outputs wait for its checkpoint now."""
-        return (
-            session_id in self.waiting
-            and session_id not in self.unheld
-            and session_id not in self.holds.given_up
-        )
-
     def _holds_back(self, outputs: list[StepOutputs]) -> bool:
-        """Whether a session of ``outputs`` waits (and its hold was not given up)."""
+        """Whether a session of ``outputs`` waits (held, and its hold was not given up)."""
+        waiting, unheld, given_up = self.waiting, self.unheld, self.holds.given_up
         return any(
-            self._waits(sid)
+            sid in waiting and sid not in unheld and sid not in given_up
             for out in outputs
             for sid in (*(e.session_id for e in out.events), *out.session_ids)
         )
 
     def _split(self, outputs: list[StepOutputs]) -> None:
         """Hold what belongs to held or waiting sessions, in order; send the rest on."""
-        holding = self.holds.holding()
+        holding, waiting, unheld = self.holds.holding(), self.waiting, self.unheld
+        given_up = self.holds.given_up
 
         def held(sid: str) -> bool:
-            return sid in holding or self._waits(sid)
+            return sid in holding or (sid in waiting and sid not in unheld and sid not in given_up)
 
         for out in outputs:
             now = []
