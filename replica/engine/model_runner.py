@@ -45,7 +45,7 @@ class ModelRunner:
         tensors are kept while its turns are the same (``DecodeInputs``)."""
         inputs = self._decoding
         if inputs is None or not inputs.same(reqs):
-            inputs = self._decoding = DecodeInputs(reqs, self.device)
+            inputs = self._decoding = DecodeInputs(reqs, self.buffers.ssm, self.device)
         ids = torch.tensor([req.output_ids[-1] for req in reqs], dtype=torch.long)
         logits = self.model.forward_decode(
             ids,
@@ -54,6 +54,7 @@ class ModelRunner:
             self.pool.req_to_token[inputs.rows, : inputs.width],
             inputs.positions + 1,
             self.buffers,
+            inputs.state_rows,
         )
         inputs.advance()
         for req in reqs:

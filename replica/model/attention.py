@@ -153,5 +153,10 @@ class Attention(nn.Module):
         flat = kv_slots.reshape(-1)
         keys = k_buf.index_select(0, flat).view(shape).to(q.dtype).permute(0, 2, 1, 3)
         values = v_buf.index_select(0, flat).view(shape).to(q.dtype).permute(0, 2, 1, 3)
-        out = gqa_attention(q[:, :, None, :], keys, values, valid[:, None, :], self.scale)
+        # the query heads that share a KV head as that head's queries: each key is read once
+        # (as KV heads, sdpa reads it once per query head; 2-3x the time on the CPU)
+        q = q.reshape(batch, self.n_kv_heads, self.n_heads // self.n_kv_heads, self.head_dim)
+        out = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=valid[:, None, None, :], scale=self.scale
+        )
         return self._out(out.reshape(batch, -1), gate)

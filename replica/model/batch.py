@@ -7,6 +7,8 @@ from typing import NamedTuple
 
 import torch
 
+from replica.model.state_rows import StateRows
+
 
 class ExtendBatch(NamedTuple):
     """Right-padded chunks of ``B`` sequences, ``L`` = the longest chunk, ``T`` = the longest
@@ -79,6 +81,7 @@ class DecodeBatch(NamedTuple):
     kv: torch.Tensor  # [B, T] KV slots (entries beyond a row's length replaced by slot 0)
     new_slots: torch.Tensor  # [B] KV slot of each new token
     valid: torch.Tensor  # [B, T] bool
+    rows: StateRows | None  # each row's temporal state in place (None: gathered by slot)
 
     @classmethod
     def build(
@@ -88,6 +91,7 @@ class DecodeBatch(NamedTuple):
         mamba_slots: torch.Tensor,
         kv_slots: torch.Tensor,
         kv_lens: torch.Tensor,
+        rows: StateRows | None,
         device: torch.device,
     ) -> DecodeBatch:
         kv_slots = kv_slots.to(device=device, dtype=torch.long)
@@ -100,4 +104,5 @@ class DecodeBatch(NamedTuple):
             kv=kv_slots.masked_fill(~valid, 0),
             new_slots=kv_slots.gather(1, (kv_lens - 1)[:, None])[:, 0],
             valid=valid,
+            rows=rows,
         )

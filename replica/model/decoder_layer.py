@@ -137,16 +137,20 @@ class DecoderLayer(nn.Module):
             x = self.input_norm(h)
             out = None
             o = self.mamba_ordinal
+            rows = None if batch.rows is None or o is None else batch.rows.ssm[o]
             if self.mamba is not None:
                 out = self.mamba.decode(
                     self._scaled(x, self.ssm_in),
                     buffers.conv[o],
                     buffers.ssm[o],
                     batch.mamba_slots,
+                    rows,
                 )
                 out = self._scaled(out, self.ssm_out)
             if self.deltanet is not None:
-                out = self.deltanet.decode(x, buffers.conv[o], buffers.ssm[o], batch.mamba_slots)
+                out = self.deltanet.decode(
+                    x, buffers.conv[o], buffers.ssm[o], batch.mamba_slots, rows
+                )
             if self.attn is not None:
                 j = self.attn_ordinal
                 a = self.attn.decode(

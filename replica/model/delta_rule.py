@@ -84,9 +84,37 @@ def gated_delta_step(
     ``state [b, h, dk, dv]`` (updated in place). Returns ``o [b, h, dv]`` and the state."""
     b, h, dk, dv = state.shape
     flat = state.mul_(g.exp()[..., None, None]).view(b * h, dk, dv)
-    # S^T k and S^T q in one pass over the state; then o = (S + k delta^T)^T q needs no second
-    read = torch.bmm(torch.stack([k, q], dim=2).view(b * h, 2, dk), flat).view(b, h, 2, dv)
-    delta = (v - read[:, :, 0]) * beta[..., None]
+    out, delta = _read(q, k, v, beta, flat)
     flat.baddbmm_(k.reshape(b * h, dk, 1), delta.reshape(b * h, 1, dv))
-    out = read[:, :, 1] + delta * (k * q).sum(-1, keepdim=True)
     return out, state
+
+
+def gated_delta_step_in_place(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    rows: list[torch.Tensor],
+    state_buf: torch.Tensor,
+    slots: torch.Tensor,
+) -> torch.Tensor:
+    """:func:`gated_delta_step` on the states where they live: ``rows[b]`` is the float32 view
+    of ``state_buf[slots[b]]`` (``StateRows``), updated in place. Returns ``o [b, h, dv]``."""
+    torch._foreach_mul_(rows, g.exp()[..., None, None].unbind(0))
+    state = state_buf.index_select(0, slots)  # the decayed states, read once
+    b, h, dk, dv = state.shape
+    out, delta = _read(q, k, v, beta, state.view(b * h, dk, dv))
+    torch._foreach_addcmul_(rows, k[..., None].unbind(0), delta[:, :, None].unbind(0))
+    return out
+
+
+def _read(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, flat: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """From the decayed states ``flat [b*h, dk, dv]``: the output and the write ``delta``."""
+    b, h, dk = k.shape
+    # S^T k and S^T q in one pass over the state; then o = (S + k delta^T)^T q needs no second
+    read = torch.bmm(torch.stack([k, q], dim=2).view(b * h, 2, dk), flat).view(b, h, 2, -1)
+    delta = (v - read[:, :, 0]) * beta[..., None]
+    return read[:, :, 1] + delta * (k * q).sum(-1, keepdim=True), delta

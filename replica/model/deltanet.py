@@ -17,7 +17,11 @@ from torch import nn
 from replica.model import kernels
 from replica.model.config import ModelConfig
 from replica.model.conv import conv_extend, conv_step
-from replica.model.delta_rule import chunk_gated_delta_rule, gated_delta_step
+from replica.model.delta_rule import (
+    chunk_gated_delta_rule,
+    gated_delta_step,
+    gated_delta_step_in_place,
+)
 from replica.model.layers import GatedRMSNorm
 
 
@@ -114,12 +118,21 @@ class GatedDeltaNet(nn.Module):
         return self._out(o, z, h.dtype)
 
     def decode(
-        self, h: torch.Tensor, conv_buf: torch.Tensor, state_buf: torch.Tensor, slots: torch.Tensor
+        self,
+        h: torch.Tensor,
+        conv_buf: torch.Tensor,
+        state_buf: torch.Tensor,
+        slots: torch.Tensor,
+        rows: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """One token per row of ``h [B, hidden]``, as :meth:`Mamba2Mixer.decode`."""
+        """One token per row of ``h [B, hidden]``, as :meth:`Mamba2Mixer.decode` (same contract,
+        ``rows`` included)."""
         mixed, z, beta, g = self._inputs(h)
         mixed = conv_step(mixed, conv_buf, slots, self.conv1d.weight, None)
         q, k, v = self._qkv(mixed)
+        if rows is not None and not kernels.fla(h):
+            o = gated_delta_step_in_place(q, k, v, g, beta, rows, state_buf, slots)
+            return self._out(o, z, h.dtype)
         state = state_buf.index_select(0, slots).float()  # a copy, updated in place
         if kernels.fla(h):
             o, state = kernels.recurrent_gated_delta_rule(q, k, v, g, beta, state)

@@ -16,6 +16,7 @@ from replica.model.buffers import LayerBuffers
 from replica.model.config import ModelConfig
 from replica.model.decoder_layer import DecoderLayer
 from replica.model.layers import RMSNorm, RotaryEmbedding
+from replica.model.state_rows import StateRows
 
 
 class HybridModel(nn.Module):
@@ -130,6 +131,7 @@ class HybridModel(nn.Module):
         kv_slots: torch.Tensor,
         kv_lens: torch.Tensor,
         buffers: LayerBuffers,
+        rows: StateRows | None = None,
     ) -> torch.Tensor:
         """One new token for each of ``B`` sequences; returns logits ``[B, vocab]`` (float32).
 
@@ -139,8 +141,14 @@ class HybridModel(nn.Module):
         ``positions[b]``). Entries beyond ``kv_lens[b]`` are padding and may hold any value. The
         new K/V and the updated recurrent state are written back. All work is batched (no loop
         over sequences) and row-wise, so a row's logits do not depend on the rest of the batch.
+        ``rows``: ``StateRows.build(buffers.ssm, mamba_slots)``, which a caller that runs the same
+        batch again keeps (built here when not given).
         """
-        batch = DecodeBatch.build(input_ids, positions, mamba_slots, kv_slots, kv_lens, self.device)
+        if rows is None:
+            rows = StateRows.build(buffers.ssm, mamba_slots.tolist())
+        batch = DecodeBatch.build(
+            input_ids, positions, mamba_slots, kv_slots, kv_lens, rows, self.device
+        )
         h = self._embed(batch.ids)
         cos, sin = self._rope(batch.positions, h.dtype)
         for layer in self.layers:

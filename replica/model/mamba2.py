@@ -4,7 +4,8 @@ Two paths. :meth:`Mamba2Mixer.extend` runs a batch of right-padded chunks (one p
 the chunked SSD algorithm from the state in each sequence's slot: padding is made inert (its
 ``dt`` is 0, so it adds no input and no decay; the conv is causal) and each row's final conv state
 is read at its own last real positions. :meth:`Mamba2Mixer.decode` runs one token of each of a
-batch of sequences with the single-step recurrence, gathering and scattering states by slot.
+batch of sequences with the single-step recurrence, updating each row's state in its slot (in
+place when given its ``StateRows``, else on a copy written back).
 The SSM runs in float32 whatever the model dtype; on CUDA, mamba-ssm's kernels when installed.
 """
 
@@ -143,11 +144,13 @@ class Mamba2Mixer(nn.Module):
         conv_buf: torch.Tensor,
         ssm_buf: torch.Tensor,
         slots: torch.Tensor,
+        rows: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """One step for each row of ``h [B, hidden]``; row ``b`` uses and updates ``slots[b]``.
 
-        Slots must be distinct within the batch. Every operation is row-wise, so a row's result
-        does not depend on the other rows.
+        Slots must be distinct within the batch. ``rows[b]``, when given, is the view of
+        ``ssm_buf[slots[b]]`` (``StateRows``): the SSM state is then updated where it lives.
+        Every operation is row-wise, so a row's result does not depend on the other rows.
         """
         batch = h.shape[0]
         gate, xbc, dt = self._project(h)
@@ -159,17 +162,45 @@ class Mamba2Mixer(nn.Module):
         C = C.float().reshape(batch, self.n_groups, self.d_state)
         dt = self._dt(dt)  # [B, h]
         A = -torch.exp(self.A_log.float())
-        state = ssm_buf.index_select(0, slots).float()  # [B, h, p, n], a copy
         if kernels.mamba_ssm(h):
+            state = ssm_buf.index_select(0, slots).float()  # [B, h, p, n], a copy
             y = kernels.selective_state_update(state, x, dt, A, B, C)
+            ssm_buf.index_copy_(0, slots, state.to(ssm_buf.dtype))
         else:
-            # In place on the copy (the state is the largest tensor of a decode step), one matrix
-            # per group: the heads of a group share B and C, so no per-head copies of them.
-            rows, n = batch * self.n_groups, self.d_state
-            state.mul_(torch.exp(dt * A)[:, :, None, None])
-            flat = state.view(rows, -1, n)
-            flat.baddbmm_((dt[:, :, None] * x).view(rows, -1, 1), B.reshape(rows, 1, n))
-            y = torch.bmm(flat, C.reshape(rows, n, 1)).view(batch, self.n_heads, self.head_dim)
-        ssm_buf.index_copy_(0, slots, state.to(ssm_buf.dtype))
+            y = self._ssm_step(x, dt, A, B, C, ssm_buf, slots, rows)
         y = torch.addcmul(y, self.D.float()[:, None], x)
         return self._out(y.reshape(batch, self.intermediate), gate, h.dtype)
+
+    def _ssm_step(
+        self,
+        x: torch.Tensor,
+        dt: torch.Tensor,
+        A: torch.Tensor,
+        B: torch.Tensor,
+        C: torch.Tensor,
+        ssm_buf: torch.Tensor,
+        slots: torch.Tensor,
+        rows: list[torch.Tensor] | None,
+    ) -> torch.Tensor:
+        """``S <- exp(dt A) S + (dt x) B^T`` in each row's slot, then ``y = S C`` ``[B, h, p]``."""
+        batch, n = x.shape[0], self.d_state
+        decay = torch.exp(dt * A)[:, :, None, None]  # [B, h, 1, 1]
+        dtx = dt[:, :, None] * x  # [B, h, p]
+        if rows is not None:
+            # in place in the pool, every row in one call per op; the heads of a group share B
+            per_head = B.repeat_interleave(self.n_heads // self.n_groups, dim=1)
+            torch._foreach_mul_(rows, decay.unbind(0))
+            torch._foreach_addcmul_(rows, dtx[..., None].unbind(0), per_head[:, :, None].unbind(0))
+            state = ssm_buf.index_select(0, slots)  # [B, h, p, n], the new state
+        else:
+            # on a copy, one matrix per group (no per-head copies of B), then written back
+            state = ssm_buf.index_select(0, slots).float()
+            groups = batch * self.n_groups
+            state.mul_(decay)
+            flat = state.view(groups, -1, n)
+            flat.baddbmm_(dtx.view(groups, -1, 1), B.reshape(groups, 1, n))
+            ssm_buf.index_copy_(0, slots, state.to(ssm_buf.dtype))
+        # as C^T S^T: with the state as the right operand, CPU BLAS runs it ~8x faster than S C
+        groups = batch * self.n_groups
+        y = torch.bmm(C.reshape(groups, 1, n), state.view(groups, -1, n).transpose(1, 2))
+        return y.view(batch, self.n_heads, self.head_dim)
