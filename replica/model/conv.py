@@ -61,7 +61,8 @@ def conv_step(
         conv_buf[slots] = state.to(conv_buf.dtype)
         return out.to(x.dtype)
     window = torch.cat([state.to(x.dtype), x[:, :, None]], dim=-1)  # [B, C, k]
-    conv_buf[slots] = window[:, :, 1:].to(conv_buf.dtype)
+    # a contiguous source: index_copy_ of it takes half the time of indexing with a strided one
+    conv_buf.index_copy_(0, slots, window[:, :, 1:].to(conv_buf.dtype).contiguous())
     out = (window.to(weight.dtype) * weight[:, 0]).sum(-1)
     if bias is not None:
         out = out + bias
