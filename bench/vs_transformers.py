@@ -32,7 +32,7 @@ import torch
 import transformers
 
 from replica.api import SamplingParams
-from replica.config import DTYPES, PoolConfig, ReplicaConfig
+from replica.config import DTYPES, PoolConfig, ReplicaConfig, torch_dtype
 from replica.engine.engine import Engine
 from replica.model import load_model
 
@@ -232,7 +232,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="float32", choices=tuple(DTYPES))
     args = parser.parse_args()
-    dtype = DTYPES[args.dtype]
+    dtype = torch_dtype(args.dtype)
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
