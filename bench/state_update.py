@@ -1,0 +1,87 @@
+"""A decode step's recurrent-state update, in place in the pool vs on a gathered copy written
+back, side by side in one run: the recurrent mixers of one layer of each kind (Mamba2: bamba;
+gated DeltaNet: qwen3_next) at bench size (``bench.vs_transformers``' configs), 16 and 64 rows,
+their states in a pool of twice as many slots in random order.
+
+For each mixer and batch size, the CPU time of one ``decode`` call with the rows' ``StateRows``
+(the engine's path) and without (the state gathered with ``index_select``, updated, scattered
+back with ``index_copy_``), best of ``--rounds`` rounds of ``--calls`` calls, alternating the
+two. Both change the same slots the same way (``tests/models/test_state_in_place.py``).
+
+Run: ``python -m bench.state_update [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+
+import torch
+import transformers
+
+from bench.harness.report import Table
+from bench.vs_transformers import configs
+from replica.model import LayerBuffers, load_model
+from replica.model.state_rows import StateRows
+
+FAMILIES = {"bamba": "Mamba2", "qwen3_next": "gated DeltaNet"}
+BATCHES = (16, 64)
+
+
+def recurrent_mixer(family: str):
+    """The first recurrent mixer of ``family``'s bench-size model, with its config."""
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(configs(256)[family]())
+    with tempfile.TemporaryDirectory() as path:
+        hf.save_pretrained(path)
+        cfg, model, _ = load_model(path)
+    layer = next(la for la in model.layers if la.mamba is not None or la.deltanet is not None)
+    return cfg, layer.mamba if layer.mamba is not None else layer.deltanet
+
+
+def seconds_per_call(mixer, batch: int, cfg, calls: int, rounds: int) -> tuple[float, float]:
+    """(in place, on a copy): CPU seconds of one decode call, best of ``rounds``."""
+    gen = torch.Generator().manual_seed(batch)
+    buffers = LayerBuffers.allocate(cfg, mamba_slots=2 * batch, kv_token_slots=1)
+    for t in (buffers.conv[0], buffers.ssm[0]):
+        t.copy_(torch.randn(t.shape, generator=gen) * 0.1)
+    order = torch.randperm(2 * batch, generator=gen)[:batch]
+    rows = StateRows.build(buffers.ssm[:1], order.tolist())
+    h = torch.randn(batch, cfg.hidden_size, generator=gen)
+    best = {True: float("inf"), False: float("inf")}
+    with torch.inference_mode():
+        for _ in range(rounds + 1):  # the first round warms up
+            for in_place in (True, False):
+                view = rows.ssm[0] if in_place else None
+                start = time.process_time()
+                for _ in range(calls):
+                    mixer.decode(h, buffers.conv[0], buffers.ssm[0], order, view)
+                took = (time.process_time() - start) / calls
+                best[in_place] = min(best[in_place], took) if _ else best[in_place]
+    return best[True], best[False]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer calls and rounds")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=50)
+    args = parser.parse_args()
+    rounds, calls = (2, 10) if args.quick else (args.rounds, args.calls)
+    torch.set_num_threads(1)
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    print(f"one recurrent layer's decode call, CPU, 1 torch thread; best of {rounds} x {calls}")
+    table = Table("mixer", "rows", "in place us", "on a copy us", "copy / in place")
+    for family, kind in FAMILIES.items():
+        cfg, mixer = recurrent_mixer(family)
+        for batch in BATCHES:
+            in_place, copied = seconds_per_call(mixer, batch, cfg, calls, rounds)
+            table.add(kind, batch, f"{in_place * 1e6:.0f}", f"{copied * 1e6:.0f}",
+                      f"{copied / in_place:.2f}")  # fmt: skip
+    table.print()
+
+
+if __name__ == "__main__":
+    main()
