@@ -7,7 +7,8 @@
 #      over 32 MiB both ways;
 #   2. the engine, pool, parking and migration tests with every engine and pool fixture on CUDA
 #      (SESSION_ROUTER_TEST_DEVICE=cuda);
-#   3. bench.decode, bench.park_restore and bench.vs_transformers on the GPU, their tables printed.
+#   3. bench.decode, bench.step_calls, bench.park_restore and bench.vs_transformers on the GPU,
+#      their tables printed.
 #
 # Fails at once, saying why, on a machine without CUDA. Python: $PYTHON, else .venv/bin/python.
 # Logs and JUnit reports go to $GPU_CHECK_OUT (default: a fresh temporary directory).
@@ -76,6 +77,9 @@ unset SESSION_ROUTER_TEST_DEVICE
 step "bench.decode (cuda)"
 "$PY" -m bench.decode --device cuda "${QUICK[@]}" | tee "$OUT/bench-decode.txt" \
     || fail "bench.decode"
+step "bench.step_calls (cuda)"
+"$PY" -m bench.step_calls --device cuda "${QUICK[@]}" | tee "$OUT/bench-step-calls.txt" \
+    || fail "bench.step_calls"
 step "bench.park_restore (cuda)"
 "$PY" -m bench.park_restore --device cuda "${QUICK[@]}" | tee "$OUT/bench-park-restore.txt" \
     || fail "bench.park_restore"
