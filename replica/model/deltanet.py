@@ -130,7 +130,7 @@ class GatedDeltaNet(nn.Module):
         mixed, z, beta, g = self._inputs(h)
         mixed = conv_step(mixed, conv_buf, slots, self.conv1d.weight, None)
         q, k, v = self._qkv(mixed)
-        if rows is not None and not kernels.fla(h):
+        if rows is not None:  # CPU float32 state only (``StateRows``), where no kernel runs
             o = gated_delta_step_in_place(q, k, v, g, beta, rows, state_buf, slots)
             return self._out(o, z, h.dtype)
         state = state_buf.index_select(0, slots).float()  # a copy, updated in place

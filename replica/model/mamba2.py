@@ -188,7 +188,10 @@ class Mamba2Mixer(nn.Module):
         dtx = dt[:, :, None] * x  # [B, h, p]
         if rows is not None:
             # in place in the pool, every row in one call per op; the heads of a group share B
-            per_head = B.repeat_interleave(self.n_heads // self.n_groups, dim=1)
+            # (one group: broadcast over the heads, no copy)
+            per_head = (
+                B if self.n_groups == 1 else B.repeat_interleave(self.n_heads // self.n_groups, 1)
+            )
             torch._foreach_mul_(rows, decay.unbind(0))
             torch._foreach_addcmul_(rows, dtx[..., None].unbind(0), per_head[:, :, None].unbind(0))
             state = ssm_buf.index_select(0, slots)  # [B, h, p, n], the new state
