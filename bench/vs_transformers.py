@@ -10,6 +10,12 @@ For each family a random transformers model of the bench size below is saved and
   ``generate`` with its cache (the 16 prompts left-padded into one batch), timed from its first
   generated token to its last (a stopping criterion notes the time of each step).
 
+With 16 sessions it also measures a floor: the products of one of our decode steps (linear
+layers, expert GEMMs, attention, the state's matrix products: ``bench.harness.products``)
+replayed alone on the same weights. ``transformers' step / our products`` is the most that
+making everything else free could give over transformers: where it exceeds the goal, the goal
+is not bounded by the products, and what is left is the rest of our step (its other ops).
+
 On the CPU, times are the CPU time of this process (``time.process_time``): the machine is
 shared, and wall time would measure the neighbours too; with one torch thread and an idle machine
 the two agree. On CUDA (``--device cuda``) they are wall time after a synchronize (the GPU's work
@@ -27,10 +33,13 @@ import argparse
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import transformers
 
+from bench.harness.products import Products, record_products
+from bench.harness.report import Table
 from replica.api import SamplingParams
 from replica.config import DTYPES, PoolConfig, ReplicaConfig, torch_dtype
 from replica.engine.engine import Engine
@@ -148,6 +157,22 @@ def ours_decode(
     return seconds, first
 
 
+def ours_products(engine: Engine, prompts: list[list[int]]) -> Products:
+    """The products of one decode step of sessions with ``prompts`` (recorded while it runs)."""
+    sids = [f"p{i}" for i in range(len(prompts))]
+    for sid, ids in zip(sids, prompts):
+        engine.open_session(sid)
+        engine.submit(sid, ids, SamplingParams(max_new_tokens=3))
+    while engine.scheduler.waiting or engine.scheduler.plan().prefill:
+        engine.step()
+    products = record_products(engine.runner.model, engine.step)
+    while engine.has_work:
+        engine.step()
+    for sid in sids:
+        engine.close_session(sid)
+    return products
+
+
 class StepClock(transformers.StoppingCriteria):
     """Notes the time at each generated token (generate asks it after every step)."""
 
@@ -180,6 +205,41 @@ def hf_decode(hf, prompts: list[list[int]], new: int, clock: Clock) -> tuple[flo
     return step_clock.times[-1] - step_clock.times[0], out[0, width:].tolist()
 
 
+@dataclass(frozen=True)
+class StepFloor:
+    """One decode step of ``MANY`` sessions, in seconds: ours, its products alone (and how
+    many other ops it ran), and transformers'."""
+
+    ours: float
+    products: float
+    other_ops: int
+    theirs: float
+
+    def cells(self, op_seconds: float) -> list[str]:
+        """``op_seconds``: one small op's cost (``small_op_seconds``)."""
+        return [
+            f"{self.ours * 1e3:.2f}",
+            f"{self.products * 1e3:.2f} ({self.products / self.ours:.0%})",
+            f"{self.other_ops}",
+            f"{self.other_ops * op_seconds * 1e3:.2f}",
+            f"{self.theirs * 1e3:.2f}",
+            f"{self.theirs / self.ours:.2f}x",
+            f"{self.theirs / self.products:.2f}x",
+        ]
+
+
+def small_op_seconds(device: str, clock: Clock, calls: int = 2000) -> float:
+    """What one op on a 16-element tensor costs (the dispatcher, an allocation): best of 5."""
+    x = torch.ones(16, device=device)
+    best = float("inf")
+    for _ in range(5):
+        start = clock()
+        for _ in range(calls):
+            x.mul(1.0)
+        best = min(best, clock() - start)
+    return best / calls
+
+
 def measure(
     family: str,
     hidden: int,
@@ -187,7 +247,7 @@ def measure(
     new: int,
     device: str = "cpu",
     dtype: torch.dtype = torch.float32,
-) -> dict[str, tuple[float, float]]:
+) -> tuple[dict[str, tuple[float, float]], StepFloor]:
     torch.manual_seed(0)
     hf = transformers.AutoModelForCausalLM.from_config(configs(hidden)[family]()).eval()
     with tempfile.TemporaryDirectory() as path:
@@ -218,7 +278,12 @@ def measure(
         out[label] = (count / min(s for s, _ in ours), count / min(s for s, _ in theirs))
         same = ours[0][1] == theirs[0][1] or len(prompts) > 1 or dtype != torch.float32
         assert same, f"{family}: tokens differ"
-    return out
+    products = ours_products(engine, many)
+    ours_tps, theirs_tps = out[f"decode x{MANY}"]
+    floor = StepFloor(
+        MANY / ours_tps, products.seconds(rounds, clock), products.others, MANY / theirs_tps
+    )
+    return out, floor
 
 
 def main() -> None:
@@ -242,10 +307,28 @@ def main() -> None:
     )
     header = ["family", "prefill 512", "decode x1", f"decode x{MANY}"]
     print(" | ".join(f"{h:<28}" if i else f"{h:<17}" for i, h in enumerate(header)))
+    floors = Table(
+        "family",
+        "ours ms",
+        "its products ms",
+        "other ops",
+        "x one op's cost ms",
+        "transformers ms",
+        "theirs / ours",
+        "theirs / products",
+    )
+    op_seconds = small_op_seconds(args.device, clock_for(args.device))
     for family in args.families:
-        row = measure(family, args.hidden, args.rounds, args.new, args.device, dtype)
+        row, floor = measure(family, args.hidden, args.rounds, args.new, args.device, dtype)
         cells = [f"{o:8.0f} vs {t:8.0f} ({o / t:4.2f}x)" for o, t in row.values()]
         print(" | ".join([f"{family:<17}", *cells]), flush=True)
+        floors.add(family, *floor.cells(op_seconds))
+    print(
+        f"\na decode step of {MANY} sessions, and its products alone (linear layers, experts, "
+        "attention, state products) replayed on the same weights; theirs / products: the most "
+        f"that making every other op free could give; one small op costs {op_seconds * 1e6:.1f} us"
+    )
+    floors.print()
 
 
 if __name__ == "__main__":
