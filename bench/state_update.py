@@ -8,6 +8,11 @@ For each mixer and batch size, the CPU time of one ``decode`` call with the rows
 back with ``index_copy_``), best of ``--rounds`` rounds of ``--calls`` calls, alternating the
 two. Both change the same slots the same way (``tests/models/test_state_in_place.py``).
 
+Then the conv step alone (``replica.model.conv.conv_step``, the window time-major) against the
+same step computed along the window (the state's innermost dimension, the way it was written
+before), on each mixer's conv state: CPU time per call, and the bench checks that both give the
+same output and state bit for bit.
+
 Run: ``python -m bench.state_update [--quick]``.
 """
 
@@ -18,11 +23,13 @@ import tempfile
 import time
 
 import torch
+import torch.nn.functional as F
 import transformers
 
 from bench.harness.report import Table
 from bench.vs_transformers import configs
 from replica.model import LayerBuffers, load_model
+from replica.model.conv import conv_step
 from replica.model.state_rows import StateRows
 
 FAMILIES = {"bamba": "Mamba2", "qwen3_next": "gated DeltaNet"}
@@ -63,6 +70,43 @@ def seconds_per_call(mixer, batch: int, cfg, calls: int, rounds: int) -> tuple[f
     return best[True], best[False]
 
 
+def conv_step_along_the_window(x, conv_buf, slots, weight, bias):
+    """``conv_step`` with the cat, shift and sum along the window (k steps, innermost)."""
+    state = conv_buf.index_select(0, slots)
+    window = torch.cat([state.to(x.dtype), x[:, :, None]], dim=-1)  # [B, C, k]
+    conv_buf.index_copy_(0, slots, window[:, :, 1:].to(conv_buf.dtype).contiguous())
+    out = (window.to(weight.dtype) * weight[:, 0]).sum(-1)
+    if bias is not None:
+        out = out + bias
+    return F.silu(out).to(x.dtype)
+
+
+def conv_seconds(mixer, batch: int, calls: int, rounds: int) -> tuple[float, float]:
+    """(ours, along the window): CPU seconds of one conv step of ``batch`` rows, best of
+    ``rounds``; raises if the two differ in a bit of output or state."""
+    gen = torch.Generator().manual_seed(batch)
+    weight, bias = mixer.conv1d.weight.detach(), mixer.conv1d.bias
+    bias = None if bias is None else bias.detach()
+    channels, _, k = weight.shape
+    conv_buf = torch.randn(2 * batch, channels, k - 1, generator=gen)
+    slots = torch.randperm(2 * batch, generator=gen)[:batch]
+    x = torch.randn(batch, channels, generator=gen)
+    steps = {"ours": conv_step, "window": conv_step_along_the_window}
+    results = {name: (step(x, buf := conv_buf.clone(), slots, weight, bias), buf)
+               for name, step in steps.items()}  # fmt: skip
+    for a, b in zip(results["ours"], results["window"]):
+        assert torch.equal(a, b), "the two conv steps differ"
+    best = {name: float("inf") for name in steps}
+    for round_ in range(rounds + 1):  # round 0 warms up
+        for name, step in steps.items():
+            start = time.process_time()
+            for _ in range(calls):
+                step(x, conv_buf, slots, weight, bias)
+            if round_:
+                best[name] = min(best[name], (time.process_time() - start) / calls)
+    return best["ours"], best["window"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer calls and rounds")
@@ -81,6 +125,15 @@ def main() -> None:
             in_place, copied = seconds_per_call(mixer, batch, cfg, calls, rounds)
             table.add(kind, batch, f"{in_place * 1e6:.0f}", f"{copied * 1e6:.0f}",
                       f"{copied / in_place:.2f}")  # fmt: skip
+    table.print()
+    print("\nthe conv step alone: the window time-major (ours) vs along the window; bit-identical")
+    table = Table("mixer", "channels", "rows", "ours us", "along the window us", "window / ours")
+    for family, kind in FAMILIES.items():
+        _, mixer = recurrent_mixer(family)
+        for batch in BATCHES:
+            ours, window = conv_seconds(mixer, batch, 10 * calls, rounds)
+            table.add(kind, mixer.conv1d.weight.shape[0], batch, f"{ours * 1e6:.0f}",
+                      f"{window * 1e6:.0f}", f"{window / ours:.2f}")  # fmt: skip
     table.print()
 
 
