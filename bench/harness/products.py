@@ -64,13 +64,15 @@ class Products:
 
 
 class _Recorder(TorchDispatchMode):
-    def __init__(self, params: set[int]) -> None:
+    def __init__(self, weights: set[int]) -> None:
         super().__init__()
-        self.params = params
+        self.weights = weights  # the parameters' storages
         self.products = Products()
 
     def _kept(self, value: Any) -> Any:
-        if isinstance(value, torch.Tensor) and value.data_ptr() not in self.params:
+        """A view of a parameter (an expert's slice, a transpose) as it is; any other tensor as
+        it is now, so that a later in-place update does not reach the replay."""
+        if isinstance(value, torch.Tensor) and _storage(value) not in self.weights:
             return value.clone()
         return value
 
@@ -89,9 +91,13 @@ class _Recorder(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+def _storage(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
+
+
 def record_products(model: torch.nn.Module, fn: Callable[[], Any]) -> Products:
-    """The products ``fn()`` makes; ``model``'s parameters are kept by reference."""
-    params = {p.data_ptr() for p in model.parameters()}
-    with _Recorder(params) as recorder:
+    """The products ``fn()`` makes; ``model``'s parameters (and views of them) are kept by
+    reference."""
+    with _Recorder({_storage(p) for p in model.parameters()}) as recorder:
         fn()
     return recorder.products
