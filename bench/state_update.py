@@ -56,18 +56,32 @@ def seconds_per_call(mixer, batch: int, cfg, calls: int, rounds: int) -> tuple[f
     order = torch.randperm(2 * batch, generator=gen)[:batch]
     rows = StateRows.build(buffers.ssm[:1], order.tolist())
     h = torch.randn(batch, cfg.hidden_size, generator=gen)
-    best = {True: float("inf"), False: float("inf")}
+    best = best_alternating(
+        {
+            in_place: lambda view=(rows.ssm[0] if in_place else None): mixer.decode(
+                h, buffers.conv[0], buffers.ssm[0], order, view
+            )
+            for in_place in (True, False)
+        },
+        calls,
+        rounds,
+    )
+    return best[True], best[False]
+
+
+def best_alternating(variants: dict, calls: int, rounds: int) -> dict:
+    """CPU seconds of one call of each of ``variants`` (key -> callable), best of ``rounds``
+    rounds of ``calls`` calls, the variants alternating within each round (round 0 warms up)."""
+    best = {key: float("inf") for key in variants}
     with torch.inference_mode():
-        for round_ in range(rounds + 1):  # round 0 warms up
-            for in_place in (True, False):
-                view = rows.ssm[0] if in_place else None
+        for round_ in range(rounds + 1):
+            for key, call in variants.items():
                 start = time.process_time()
                 for _ in range(calls):
-                    mixer.decode(h, buffers.conv[0], buffers.ssm[0], order, view)
+                    call()
                 if round_:
-                    took = (time.process_time() - start) / calls
-                    best[in_place] = min(best[in_place], took)
-    return best[True], best[False]
+                    best[key] = min(best[key], (time.process_time() - start) / calls)
+    return best
 
 
 def conv_step_along_the_window(x, conv_buf, slots, weight, bias):
@@ -96,14 +110,12 @@ def conv_seconds(mixer, batch: int, calls: int, rounds: int) -> tuple[float, flo
                for name, step in steps.items()}  # fmt: skip
     for a, b in zip(results["ours"], results["window"]):
         assert torch.equal(a, b), "the two conv steps differ"
-    best = {name: float("inf") for name in steps}
-    for round_ in range(rounds + 1):  # round 0 warms up
-        for name, step in steps.items():
-            start = time.process_time()
-            for _ in range(calls):
-                step(x, conv_buf, slots, weight, bias)
-            if round_:
-                best[name] = min(best[name], (time.process_time() - start) / calls)
+    best = best_alternating(
+        {name: lambda step=step: step(x, conv_buf, slots, weight, bias)
+         for name, step in steps.items()},
+        calls,
+        rounds,
+    )  # fmt: skip
     return best["ours"], best["window"]
 
 

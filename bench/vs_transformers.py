@@ -32,7 +32,8 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -134,43 +135,47 @@ def ours_prefill(engine: Engine, ids: list[int]) -> None:
     engine.close_session("prefill")
 
 
-def ours_decode(
-    engine: Engine, prompts: list[list[int]], new: int, clock: Clock
-) -> tuple[float, list[int]]:
-    """Sessions with ``prompts`` generate ``new`` tokens together: (decode-only seconds, tokens
-    of the first session)."""
+@contextmanager
+def turns(engine: Engine, prompts: list[list[int]], new: int) -> Iterator[dict[int, str]]:
+    """Sessions ``s0``, ``s1``, ... with ``prompts`` submitted for ``new`` tokens each; yields
+    each turn's id -> its session, and runs the engine dry and closes them on the way out."""
     sids = [f"s{i}" for i in range(len(prompts))]
     rids = {}
     for sid, ids in zip(sids, prompts):
         engine.open_session(sid)
         rids[engine.submit(sid, ids, SamplingParams(max_new_tokens=new)).rid] = sid
+    try:
+        yield rids
+    finally:
+        while engine.has_work:
+            engine.step()
+        for sid in sids:
+            engine.close_session(sid)
+
+
+def ours_decode(
+    engine: Engine, prompts: list[list[int]], new: int, clock: Clock
+) -> tuple[float, list[int]]:
+    """Sessions with ``prompts`` generate ``new`` tokens together: (decode-only seconds, tokens
+    of the first session)."""
     seconds, first = 0.0, []
-    while engine.has_work:
-        decode_only = not engine.scheduler.waiting and not engine.scheduler.plan().prefill
-        start = clock()
-        events = engine.step()
-        if decode_only:
-            seconds += clock() - start
-        first += [t for e in events if rids[e.turn_id] == "s0" for t in e.token_ids]
-    for sid in sids:
-        engine.close_session(sid)
+    with turns(engine, prompts, new) as rids:
+        while engine.has_work:
+            decode_only = not engine.scheduler.waiting and not engine.scheduler.plan().prefill
+            start = clock()
+            events = engine.step()
+            if decode_only:
+                seconds += clock() - start
+            first += [t for e in events if rids[e.turn_id] == "s0" for t in e.token_ids]
     return seconds, first
 
 
 def ours_products(engine: Engine, prompts: list[list[int]]) -> Products:
     """The products of one decode step of sessions with ``prompts`` (recorded while it runs)."""
-    sids = [f"p{i}" for i in range(len(prompts))]
-    for sid, ids in zip(sids, prompts):
-        engine.open_session(sid)
-        engine.submit(sid, ids, SamplingParams(max_new_tokens=3))
-    while engine.scheduler.waiting or engine.scheduler.plan().prefill:
-        engine.step()
-    products = record_products(engine.runner.model, engine.step)
-    while engine.has_work:
-        engine.step()
-    for sid in sids:
-        engine.close_session(sid)
-    return products
+    with turns(engine, prompts, 3):
+        while engine.scheduler.waiting or engine.scheduler.plan().prefill:
+            engine.step()
+        return record_products(engine.runner.model, engine.step)
 
 
 class StepClock(transformers.StoppingCriteria):
