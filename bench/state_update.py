@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 import transformers
 
+from bench.harness.bench_models import configs
 from bench.harness.report import Table
-from bench.vs_transformers import configs
 from replica.model import LayerBuffers, load_model
 from replica.model.conv import conv_step
 from replica.model.state_rows import StateRows

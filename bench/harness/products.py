@@ -8,7 +8,9 @@ reads the same weights from the same memory, every other tensor cloned as it was
 ``Products.seconds`` replays those ops alone, in order, and gives the best time of some rounds:
 the step's time less everything that is not a product (norms, gates, state updates, sampling,
 bookkeeping). ``step / products`` is how much of a step is beyond its products, and ``theirs /
-products`` the most any speed-up of everything else could give over ``theirs``.
+products`` the most any speed-up of everything else could give over ``theirs``. ``StepFloor``
+holds one step's figures as a bench prints them, with ``small_op_seconds``, what one small op
+costs (the other ops' dispatch).
 """
 
 from __future__ import annotations
@@ -101,3 +103,38 @@ def record_products(model: torch.nn.Module, fn: Callable[[], Any]) -> Products:
     with _Recorder({_storage(p) for p in model.parameters()}) as recorder:
         fn()
     return recorder.products
+
+
+@dataclass(frozen=True)
+class StepFloor:
+    """One decode step of a batch of sessions, in seconds: ours, its products alone (and how
+    many other ops it ran), and transformers'."""
+
+    ours: float
+    products: float
+    other_ops: int
+    theirs: float
+
+    def cells(self, op_seconds: float) -> list[str]:
+        """``op_seconds``: one small op's cost (``small_op_seconds``)."""
+        return [
+            f"{self.ours * 1e3:.2f}",
+            f"{self.products * 1e3:.2f} ({self.products / self.ours:.0%})",
+            f"{self.other_ops}",
+            f"{self.other_ops * op_seconds * 1e3:.2f}",
+            f"{self.theirs * 1e3:.2f}",
+            f"{self.theirs / self.ours:.2f}x",
+            f"{self.theirs / self.products:.2f}x",
+        ]
+
+
+def small_op_seconds(device: str, clock: Callable[[], float], calls: int = 2000) -> float:
+    """What one op on a 16-element tensor costs (the dispatcher, an allocation): best of 5."""
+    x = torch.ones(16, device=device)
+    best = float("inf")
+    for _ in range(5):
+        start = clock()
+        for _ in range(calls):
+            x.mul(1.0)
+        best = min(best, clock() - start)
+    return best / calls
