@@ -5,8 +5,8 @@ Closed loops at concurrency 1, 16 and 64 (each worker starts its next lifecycle 
 ends), three ways in one run, interleaved per concurrency and repetition so that load from
 elsewhere falls on all three alike:
 
-  gateway     AsyncSessionClient over loopback gRPC, in a child process -> gateway -> router
-              actor (open, close) -> replica actor: 5 actor calls
+  gateway     AsyncSessionClient over loopback gRPC, in a child process -> gateway -> replica
+              actor (open, submit, close) and router actor (pin, forget): 5 actor calls
   direct      the same calls straight on the replica actors from this process, with one
               long-lived stream_outputs generator per replica, as a gateway keeps: 3 actor calls
   in-process  the Engine on this thread, stepping until the turn ends: no Ray, no gRPC
@@ -21,6 +21,10 @@ path costs at least the direct path's work plus what gRPC costs the client and a
 gateway / direct is at most bare / (bare + direct) in lifecycles/s. Goal (issue 13): gateway /
 direct lifecycles/s >= 0.8 at 64.
 
+Where the rest goes (``bench.harness.lifecycle_costs``), for the gateway and direct runs at 64:
+the CPU each process group spent per lifecycle, and the actor calls per lifecycle of the path's
+call batchers with the requests each carried (the batch size).
+
 Run: ``python -m bench.lifecycles [--quick] [--threads N] [--replicas N]``.
 """
 
@@ -32,9 +36,11 @@ from collections import defaultdict
 from bench.harness import runner
 from bench.harness.bare_server import BareServer
 from bench.harness.cluster import LocalCluster
+from bench.harness.cpu import ACTOR_GROUPS, CpuMeter
 from bench.harness.direct_driver import DirectDriver
 from bench.harness.grpc_driver import GrpcDriver
 from bench.harness.inprocess_driver import InProcessDriver, build_engine
+from bench.harness.lifecycle_costs import LifecycleCosts
 from bench.harness.load import calls_per_second, sequential_ms
 from bench.harness.report import Goal, Table, number, ratio
 from bench.harness.stats import Spread, p50, p99, ratios
@@ -48,6 +54,7 @@ ACTOR_CALLS = {"gateway": 5, "direct": 3}  # per lifecycle, besides the stream i
 GOAL_GATEWAY_VS_DIRECT = 0.8  # lifecycles/s at concurrency 64 (issue 13)
 BARE = "bare gRPC"  # the floor's mode, at concurrency 64 only
 BARE_STEP_S = 0.001
+STORE = {b"ray::CheckpointStore": "store"}
 
 Runs = dict[tuple[str, int], list[LifecycleSamples]]
 
@@ -61,6 +68,19 @@ async def measure(cluster: LocalCluster, args: argparse.Namespace) -> list[Goal]
     bare = await GrpcDriver.start(bare_server.address)
     ping = cluster.handles[0].ping.remote
     runs: Runs = defaultdict(list)
+    costs = LifecycleCosts(CpuMeter({grpc.pid: "client"}, {**ACTOR_GROUPS, **STORE}))
+    gateway = cluster.server.gateway
+    assert gateway is not None
+    metered = {
+        "gateway": (
+            lambda: {"replica": gateway.calls.batchers, "router": [gateway.updates.batcher]},
+            lambda conc: grpc.lifecycles(conc, seconds, warmup, NEW_TOKENS),
+        ),
+        "direct": (
+            direct.batchers,
+            lambda conc: direct.lifecycles(conc, seconds, warmup, NEW_TOKENS),
+        ),
+    }
     try:
         # every path once (channels, streams, the model), then the yardstick
         await grpc.lifecycles(1, 0.3, 0.0, NEW_TOKENS)
@@ -72,12 +92,11 @@ async def measure(cluster: LocalCluster, args: argparse.Namespace) -> list[Goal]
         ping_rates = {n: await calls_per_second(ping, n, total) for n in (16, 64)}
         for _ in range(args.repeats):
             for conc in CONCURRENCY:
-                runs["gateway", conc].append(
-                    await grpc.lifecycles(conc, seconds, warmup, NEW_TOKENS)
-                )
-                runs["direct", conc].append(
-                    await direct.lifecycles(conc, seconds, warmup, NEW_TOKENS)
-                )
+                for mode, (batchers, work) in metered.items():
+                    run = work(conc)  # a coroutine: it starts when awaited
+                    runs[mode, conc].append(
+                        await (costs.run(mode, batchers, run) if conc == 64 else run)
+                    )
                 runs["in-process", conc].append(
                     inproc.lifecycles(conc, seconds, warmup, NEW_TOKENS)
                 )
@@ -89,6 +108,11 @@ async def measure(cluster: LocalCluster, args: argparse.Namespace) -> list[Goal]
     print_lifecycles(runs)
     print_ratios(runs)
     print_yardstick(runs, ping_ms, ping_rates)
+    costs.print(
+        "where a lifecycle's cost goes at concurrency 64: every process shares the cores, so "
+        "lifecycles/s is\nabout 2 cores / total CPU per lifecycle; smaller batches cost the "
+        "replica more calls, steps and stream items"
+    )
     gateway, direct_rates, bare_rates = (rates(runs, m, 64) for m in ("gateway", "direct", BARE))
     ceiling = [b / (b + d) for b, d in zip(bare_rates, direct_rates)]
     print(
@@ -185,9 +209,9 @@ def print_yardstick(runs: Runs, ping_ms: list[float], ping_rates: dict[int, floa
         print(f"  {in_flight:>3} in flight: {rate:,.0f} calls/s")
     best = max(ping_rates.values())
     print(
-        "  a gateway lifecycle is 5 actor calls (open and close each go gateway -> router -> "
-        "replica, submit 1),\n  a direct one 3, each plus >= 1 stream item per engine step; "
-        "share of the actor-call ceiling reached:"
+        "  a gateway lifecycle is 5 actor calls unbatched (open, submit and close on the "
+        "replica, pin and forget on the router),\n  a direct one 3, each plus >= 1 stream item "
+        "per engine step; share of the actor-call ceiling reached:"
     )
     table = Table(
         "conc", *(f"{mode} ({best / n:,.0f}/s ceiling)" for mode, n in ACTOR_CALLS.items())

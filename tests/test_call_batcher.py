@@ -53,6 +53,8 @@ def test_requests_wait_only_behind_max_in_flight_calls(in_flight: int) -> None:
             await settle()
         assert [await f for f in (first, second, third)] == [10, 20, 30]
         assert sorted(sum(replica.batches, [])) == [1, 2, 3]
+        # the counts a benchmark reads the batch size from: calls made, requests carried
+        assert (batcher.calls_sent, batcher.requests_sent) == (len(replica.batches), 3)
 
     asyncio.run(run())
 

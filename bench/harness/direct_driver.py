@@ -16,6 +16,7 @@ from bench.harness.load import closed_loop
 from bench.harness.window import LifecycleSamples
 from bench.harness.workload import PROMPT, Lifecycle, TokenRounds, timed_lifecycle, token_rounds
 from replica.api import ActorError, ReleaseReason, SamplingParams
+from router.gateway.batching import CallBatcher
 from router.gateway.delivery import hand_out
 from router.gateway.inbox import Inbox, pieces
 from router.gateway.replica_calls import ReplicaCalls
@@ -97,6 +98,10 @@ class DirectDriver:
             sessions,
             rounds,
         )
+
+    def batchers(self) -> dict[str, list[CallBatcher]]:
+        """Its replica calls' batchers (it makes no router calls)."""
+        return {"replica": [b for calls in self._calls.values() for b in calls.batchers]}
 
     def stop(self) -> None:
         for pump in self._pumps:

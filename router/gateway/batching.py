@@ -34,6 +34,9 @@ class CallBatcher:
         self._max_in_flight = max_in_flight
         self._waiting: list[tuple[Any, asyncio.Future]] = []
         self._senders: set[asyncio.Task] = set()  # each sends one call at a time
+        # calls sent and the requests they carried (requests_sent / calls_sent: the batch size)
+        self.calls_sent = 0
+        self.requests_sent = 0
 
     def submit(self, request: Any) -> asyncio.Future:
         """Queue ``request``; the future of its result (cancelling it does not take it back)."""
@@ -58,6 +61,8 @@ class CallBatcher:
     async def _send_waiting(self) -> None:
         while self._waiting:
             batch, self._waiting = self._waiting, []
+            self.calls_sent += 1
+            self.requests_sent += len(batch)
             try:
                 results = await self._send([request for request, _ in batch])
             except asyncio.CancelledError:

@@ -87,6 +87,11 @@ class ReplicaCalls:
             batcher = self._closes[reason] = CallBatcher(close)
         return await batcher.call(session_id)
 
+    @property
+    def batchers(self) -> list[CallBatcher]:
+        """Its batchers: opens, submissions and each release reason's closes."""
+        return [self.opens, self.submits, *self._closes.values()]
+
 
 class ReplicaCallsByReplica:
     """This gateway's ``ReplicaCalls`` of each replica, made on first use and kept until the
@@ -104,3 +109,8 @@ class ReplicaCallsByReplica:
 
     def forget(self, replica_id: str) -> None:
         self._calls.pop(replica_id, None)
+
+    @property
+    def batchers(self) -> list[CallBatcher]:
+        """The batchers of every replica's calls."""
+        return [batcher for calls in self._calls.values() for batcher in calls.batchers]

@@ -22,7 +22,7 @@ PIN, FORGET, SNAPSHOT = "pin", "forget", "snapshot"
 class RouterUpdates:
     def __init__(self, router: RouterClient) -> None:
         self.router = router
-        self._batcher = CallBatcher(self._send)
+        self.batcher = CallBatcher(self._send)
 
     async def _send(self, requests: list[tuple[str, Any]]) -> list[Any] | ActorError:
         pins = [args for kind, args in requests if kind == PIN]
@@ -48,7 +48,7 @@ class RouterUpdates:
         timeout, which a failover may open again); the future of whether it was pinned (False:
         the router does not know that replica as a live one, so the session must not be kept),
         or of an ``ActorError``."""
-        return self._batcher.submit((PIN, (session_id, replica_id, tenant, blank_idle_s)))
+        return self.batcher.submit((PIN, (session_id, replica_id, tenant, blank_idle_s)))
 
     def forget(
         self, session_id: str, replica_id: str, snapshot: PoolSnapshot | None = None
@@ -57,9 +57,9 @@ class RouterUpdates:
         known); the future of the call that carries it. The router keeps a session that is
         pinned to another replica by now (it moved there)."""
         if snapshot is not None:
-            self._batcher.submit((SNAPSHOT, snapshot))
-        return self._batcher.submit((FORGET, (session_id, replica_id)))
+            self.batcher.submit((SNAPSHOT, snapshot))
+        return self.batcher.submit((FORGET, (session_id, replica_id)))
 
     def snapshot(self, snapshot: PoolSnapshot) -> None:
         """A replica's fresh snapshot (from an open's reply), for the router's placement."""
-        self._batcher.submit((SNAPSHOT, snapshot))
+        self.batcher.submit((SNAPSHOT, snapshot))
