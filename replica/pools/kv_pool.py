@@ -18,6 +18,7 @@ free when its last holder frees it. A shared page is counted once (``distinct_pa
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from replica.model.config import ModelConfig
@@ -89,13 +90,14 @@ class KVTokenPool:
                 req_to_token, row, last_page, int(new_pages[0]), old_len
             )
             new_pages = new_pages[1:]
+        pages = new_pages.numpy()
         if last_page >= 0:  # the last page is partly filled: keep filling it
-            pages = torch.cat([torch.tensor([last_page], dtype=torch.int64), new_pages])
-        else:
-            pages = new_pages
-        positions = torch.arange(old_len, new_len, dtype=torch.int64)
-        slots = pages[positions // p - first_ord] * p + positions % p
-        req_to_token[row, old_len:new_len] = slots.to(req_to_token.device, torch.int32)
+            pages = np.concatenate(([last_page], pages))
+        # host-side arithmetic on a few positions (numpy: a fraction of torch's per-op cost),
+        # then one copy into the row
+        positions = np.arange(old_len, new_len)
+        slots = (pages[positions // p - first_ord] * p + positions % p).astype(np.int32)
+        req_to_token[row, old_len:new_len] = torch.from_numpy(slots)
 
     def _copy_on_write(
         self, req_to_token: torch.Tensor, row: int, shared: int, fresh: int, length: int
@@ -122,8 +124,8 @@ class KVTokenPool:
         first, last = pages_for(keep_len, p), pages_for(cur_len, p)
         if last <= first:
             return torch.empty(0, dtype=torch.int64)
-        starts = torch.arange(first, last, dtype=torch.int64, device=req_to_token.device) * p
-        return req_to_token[row].index_select(0, starts).to("cpu", torch.int64) // p
+        firsts = req_to_token[row, first * p : last * p : p]  # each page's first slot
+        return torch.from_numpy((firsts.cpu().numpy() // p).astype(np.int64))
 
     def share_prefix(
         self, req_to_token: torch.Tensor, src_row: int, dst_row: int, length: int
