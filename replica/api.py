@@ -473,6 +473,18 @@ class CheckpointStats:
 
 
 @dataclass(frozen=True, slots=True)
+class StepStats:
+    """A replica's engine forwards so far: decode steps and the rows they ran, prefill steps
+    and the chunks they folded in. Rows per step is how full the batches were, which is what a
+    step's fixed cost is shared by."""
+
+    decode_steps_total: int = 0
+    decode_rows_total: int = 0
+    prefill_steps_total: int = 0
+    prefill_rows_total: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class StateCacheStats:
     """A replica's cache of states at turn boundaries; all 0 with the cache off.
     ``block_hashes``: chained hashes (``replica.prefix_hashes``) of the cached token sequences'
@@ -507,6 +519,7 @@ class PoolSnapshot:
     parking: ParkingStats = field(default_factory=ParkingStats)
     checkpoints: CheckpointStats = field(default_factory=CheckpointStats)
     state_cache: StateCacheStats = field(default_factory=StateCacheStats)
+    steps: StepStats = field(default_factory=StepStats)
 
     def pool(self, name: str) -> PoolStats:
         for stats in self.pools:

@@ -17,6 +17,7 @@ import yaml
 
 from router.config import ServeConfig
 from router.flags import add_arguments
+from tests.support.grafana import dashboard
 from tests.support.k8s_schema import Loader, validation_errors
 
 REPO = Path(__file__).resolve().parent.parent
@@ -109,6 +110,21 @@ def test_operator_objects_agree_with_their_sources():
     assert rule["spec"]["groups"] == alerts["groups"]
     (board,) = documents(OPERATOR / "grafana-dashboard.yaml")
     assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
+
+
+def test_dashboard_panels_have_distinct_ids_and_do_not_overlap():
+    """Grafana keys a panel's state (links, edits, repeats) by its id, and moves panels that
+    overlap: every panel has its own id and its own place."""
+    panels = dashboard()["panels"]
+    ids = [panel["id"] for panel in panels]
+    assert len(ids) == len(set(ids)), sorted(ids)
+    cells: dict[tuple[int, int], str] = {}
+    for panel in panels:
+        pos = panel["gridPos"]
+        for y in range(pos["y"], pos["y"] + pos["h"]):
+            for x in range(pos["x"], pos["x"] + pos["w"]):
+                assert (x, y) not in cells, f"{panel['title']!r} overlaps {cells[x, y]!r}"
+                cells[x, y] = panel["title"]
 
 
 def test_serve_flags_are_real_and_replicas_follow_the_gpu_group(cluster):

@@ -524,3 +524,21 @@ def test_idle_sessions_are_released():
     assert engine.release_idle() == ["b"]
     assert engine.sessions.released_total["idle_timeout"] == 2
     close_and_check(engine)
+
+
+def test_the_snapshot_counts_forwards_and_their_rows():
+    """Three turns submitted together: one prefill forward of three chunks (which samples each
+    turn's first token), then one decode forward of three rows for each further token."""
+    engine = make_engine(pools())
+    for sid in "abc":
+        engine.open_session(sid)
+    before = engine.snapshot().steps
+    sampling = SamplingParams(max_new_tokens=4, ignore_eos=True)
+    out = run_batch(engine, {sid: (token_ids(5, seed=i), sampling) for i, sid in enumerate("abc")})
+    assert {sid: len(tokens) for sid, tokens in out.items()} == {"a": 4, "b": 4, "c": 4}
+    after = engine.snapshot().steps
+    prefill = (after.prefill_steps_total, after.prefill_rows_total)
+    decode = (after.decode_steps_total, after.decode_rows_total)
+    assert prefill == (before.prefill_steps_total + 1, before.prefill_rows_total + 3)
+    assert decode == (before.decode_steps_total + 3, before.decode_rows_total + 9)
+    close_and_check(engine)

@@ -41,6 +41,8 @@ CLUSTER_FAMILIES = {
     "session_router_state_cache_reused_tokens_total": "counter",
     "session_router_sessions_unprotected": "gauge",
     "session_router_sessions_recheckpointed_total": "counter",
+    "session_router_engine_steps_total": "counter",
+    "session_router_engine_step_rows_total": "counter",
 }
 GATEWAY_FAMILIES = {
     "session_router_rpc_requests_total": "counter",
@@ -160,6 +162,19 @@ def test_state_cache_metrics_come_from_the_snapshots(exposition):
         samples, "session_router_state_cache_reused_tokens_total", replica="replica-a"
     ) == [4000]
     assert select(samples, "session_router_cached_states", replica="replica-c") == []  # dead
+
+
+def test_engine_step_metrics_come_from_the_snapshots(exposition):
+    """Forwards and their rows by kind, from each live replica's snapshot (a replica that has
+    run none exports zeros; a dead one nothing)."""
+    samples = parse_samples(exposition)
+    steps, rows = "session_router_engine_steps_total", "session_router_engine_step_rows_total"
+    assert select(samples, steps, replica="replica-a", kind="decode") == [120]
+    assert select(samples, rows, replica="replica-a", kind="decode") == [960]
+    assert select(samples, steps, replica="replica-a", kind="prefill") == [30]
+    assert select(samples, rows, replica="replica-a", kind="prefill") == [45]
+    assert select(samples, steps, replica="replica-b", kind="decode") == [0]
+    assert select(samples, steps, replica="replica-c", kind="decode") == []  # dead
 
 
 def test_parking_metrics_come_from_the_snapshots(exposition):

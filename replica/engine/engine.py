@@ -243,6 +243,7 @@ class Engine:
             parking=self.sessions.residency.stats(),
             checkpoints=checkpoints,
             state_cache=self.sessions.cache.stats(),
+            steps=self.runner.step_stats(),
         )
 
     def check_invariant(self) -> PoolSnapshot:

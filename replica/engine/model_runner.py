@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from replica.api import StepStats
 from replica.engine.decode_inputs import DecodeInputs
 from replica.model import HybridModel
 from replica.pools.hybrid_pool import HybridReqToTokenPool
@@ -22,6 +23,7 @@ class ModelRunner:
         self.buffers = pool.buffers
         self.device = pool.req_to_token.device
         self.prefilled_tokens = 0  # input tokens folded in by extend_batch, all turns so far
+        self._forwards = [0, 0, 0, 0]  # decode steps, their rows, prefill steps, their chunks
         self._decoding: DecodeInputs | None = None  # the decode batch of the last step
 
     def extend_batch(self, chunks: list[tuple[Req, int]]) -> torch.Tensor:
@@ -38,6 +40,8 @@ class ModelRunner:
         for req, n in chunks:
             req.folded_len += n
         self.prefilled_tokens += sum(n for _, n in chunks)
+        self._forwards[2] += 1
+        self._forwards[3] += len(chunks)
         return logits
 
     def decode(self, reqs: list[Req]) -> torch.Tensor:
@@ -59,4 +63,10 @@ class ModelRunner:
         inputs.advance()
         for req in reqs:
             req.folded_len += 1
+        self._forwards[0] += 1
+        self._forwards[1] += len(reqs)
         return logits
+
+    def step_stats(self) -> StepStats:
+        """The forwards that returned so far (``StepStats``)."""
+        return StepStats(*self._forwards)

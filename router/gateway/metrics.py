@@ -29,6 +29,7 @@ from router.control.api import ReplicaHealth, ReplicaView
 from router.gateway.cache_metrics import state_cache_families
 from router.gateway.call_error_metrics import router_call_error_family
 from router.gateway.migration_metrics import migration_families
+from router.gateway.step_metrics import step_families
 
 RELEASE_REASONS = tuple(reason.value for reason in ReleaseReason)
 RPC_BUCKETS = (
@@ -178,6 +179,7 @@ class ClusterCollector(Collector):
         yield from (parked, parks, restores, restore_seconds)
         yield from migration_families(views)
         yield from state_cache_families(views)
+        yield from step_families(views)
         yield from router_call_error_family(views)
 
 

@@ -11,6 +11,7 @@ from replica.api import (
     PoolSnapshot,
     PoolStats,
     StateCacheStats,
+    StepStats,
 )
 from router.control.api import ReplicaHealth, ReplicaView
 
@@ -39,6 +40,7 @@ def cluster_views() -> list[ReplicaView]:
         parking=ParkingStats(3, 7, 4, HistogramCounts((0.001, 0.01, 0.1), (1, 3, 4), 4, 0.0125)),
         checkpoints=CheckpointStats(40, 4_000_000, 800_000, unprotected=2, recheckpointed_total=6),
         state_cache=StateCacheStats(2, 8, 5, 3, 1, 4000, 64, frozenset({11, 12})),
+        steps=StepStats(120, 960, 30, 45),
     )
     draining = PoolSnapshot(
         "replica-b",
