@@ -22,8 +22,9 @@ gateway / direct is at most bare / (bare + direct) in lifecycles/s. Goal (issue 
 direct lifecycles/s >= 0.8 at 64.
 
 Where the rest goes (``bench.harness.lifecycle_costs``), for the gateway and direct runs at 64:
-the CPU each process group spent per lifecycle, and the actor calls per lifecycle of the path's
-call batchers with the requests each carried (the batch size).
+the CPU each process group spent per lifecycle, the actor calls per lifecycle of the path's
+call batchers with the requests each carried (the batch size), and the replicas' engine forwards
+per lifecycle with the rows each ran (from their snapshots' ``StepStats``).
 
 Run: ``python -m bench.lifecycles [--quick] [--threads N] [--replicas N]``.
 """
@@ -31,7 +32,9 @@ Run: ``python -m bench.lifecycles [--quick] [--threads N] [--replicas N]``.
 from __future__ import annotations
 
 import argparse
+import asyncio
 from collections import defaultdict
+from dataclasses import astuple
 
 from bench.harness import runner
 from bench.harness.bare_server import BareServer
@@ -46,6 +49,8 @@ from bench.harness.report import Goal, Table, number, ratio
 from bench.harness.stats import Spread, p50, p99, ratios
 from bench.harness.window import LifecycleSamples
 from bench.harness.workload import PROMPT
+from replica.actor.client import ReplicaClient
+from replica.api import StepStats
 
 NEW_TOKENS = 8
 CONCURRENCY = (1, 16, 64)
@@ -68,7 +73,13 @@ async def measure(cluster: LocalCluster, args: argparse.Namespace) -> list[Goal]
     bare = await GrpcDriver.start(bare_server.address)
     ping = cluster.handles[0].ping.remote
     runs: Runs = defaultdict(list)
-    costs = LifecycleCosts(CpuMeter({grpc.pid: "client"}, {**ACTOR_GROUPS, **STORE}))
+    replicas = [ReplicaClient(handle) for handle in cluster.handles]
+
+    async def replica_steps() -> StepStats:
+        snaps = await asyncio.gather(*(replica.snapshot() for replica in replicas))
+        return StepStats(*map(sum, zip(*(astuple(snap.steps) for snap in snaps), strict=True)))
+
+    costs = LifecycleCosts(CpuMeter({grpc.pid: "client"}, {**ACTOR_GROUPS, **STORE}), replica_steps)
     gateway = cluster.server.gateway
     assert gateway is not None
     metered = {
