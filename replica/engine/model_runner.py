@@ -23,7 +23,8 @@ class ModelRunner:
         self.buffers = pool.buffers
         self.device = pool.req_to_token.device
         self.prefilled_tokens = 0  # input tokens folded in by extend_batch, all turns so far
-        self._forwards = [0, 0, 0, 0]  # decode steps, their rows, prefill steps, their chunks
+        # forwards that returned, and their rows (``step_stats``)
+        self.decode_steps = self.decode_rows = self.prefill_steps = self.prefill_chunks = 0
         self._decoding: DecodeInputs | None = None  # the decode batch of the last step
 
     def extend_batch(self, chunks: list[tuple[Req, int]]) -> torch.Tensor:
@@ -40,8 +41,8 @@ class ModelRunner:
         for req, n in chunks:
             req.folded_len += n
         self.prefilled_tokens += sum(n for _, n in chunks)
-        self._forwards[2] += 1
-        self._forwards[3] += len(chunks)
+        self.prefill_steps += 1
+        self.prefill_chunks += len(chunks)
         return logits
 
     def decode(self, reqs: list[Req]) -> torch.Tensor:
@@ -63,10 +64,12 @@ class ModelRunner:
         inputs.advance()
         for req in reqs:
             req.folded_len += 1
-        self._forwards[0] += 1
-        self._forwards[1] += len(reqs)
+        self.decode_steps += 1
+        self.decode_rows += len(reqs)
         return logits
 
     def step_stats(self) -> StepStats:
-        """The forwards that returned so far (``StepStats``)."""
-        return StepStats(*self._forwards)
+        """The forwards that returned so far, and their rows."""
+        return StepStats(
+            self.decode_steps, self.decode_rows, self.prefill_steps, self.prefill_chunks
+        )
