@@ -63,6 +63,10 @@ class MambaPool:
 
     def copy(self, src: torch.Tensor | int, dst: torch.Tensor | int) -> None:
         """Copy the state of slots ``src`` into slots ``dst`` (same length), every layer."""
+        if isinstance(src, int) and isinstance(dst, int):  # a turn's snapshot: two views a kind
+            for states in (self.conv_all, self.ssm_all):
+                states[:, dst].copy_(states[:, src])
+            return
         src_t = torch.as_tensor(src, dtype=torch.int64, device=self.device).reshape(-1)
         dst_t = torch.as_tensor(dst, dtype=torch.int64, device=self.device).reshape(-1)
         self.conv_all.index_copy_(1, dst_t, self.conv_all.index_select(1, src_t))
