@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 from collections import defaultdict
-from dataclasses import astuple
 
 from bench.harness import runner
 from bench.harness.bare_server import BareServer
@@ -75,9 +74,9 @@ async def measure(cluster: LocalCluster, args: argparse.Namespace) -> list[Goal]
     runs: Runs = defaultdict(list)
     replicas = [ReplicaClient(handle) for handle in cluster.handles]
 
-    async def replica_steps() -> StepStats:
+    async def replica_steps() -> list[StepStats]:
         snaps = await asyncio.gather(*(replica.snapshot() for replica in replicas))
-        return StepStats(*map(sum, zip(*(astuple(snap.steps) for snap in snaps), strict=True)))
+        return [snap.steps for snap in snaps]
 
     costs = LifecycleCosts(CpuMeter({grpc.pid: "client"}, {**ACTOR_GROUPS, **STORE}), replica_steps)
     gateway = cluster.server.gateway

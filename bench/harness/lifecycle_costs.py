@@ -14,7 +14,7 @@ and the last lifecycles' ends included, in steady state the same).
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import astuple, dataclass, field
 
 from bench.harness.cpu import CpuMeter
@@ -24,7 +24,7 @@ from replica.api import StepStats
 from router.gateway.batching import CallBatcher
 
 Batchers = Callable[[], dict[str, list[CallBatcher]]]  # by kind: "replica", "router"
-Steps = Callable[[], Awaitable[StepStats]]  # the replicas' forwards so far, summed
+Steps = Callable[[], Awaitable[list[StepStats]]]  # each replica's forwards so far
 KINDS = ("replica", "router")
 
 
@@ -51,8 +51,8 @@ def _minus(a: StepStats, b: StepStats) -> StepStats:
     return StepStats(*(x - y for x, y in zip(astuple(a), astuple(b), strict=True)))
 
 
-def _plus(a: StepStats, b: StepStats) -> StepStats:
-    return StepStats(*(x + y for x, y in zip(astuple(a), astuple(b), strict=True)))
+def _sum(stats: Iterable[StepStats]) -> StepStats:
+    return StepStats(*map(sum, zip(*map(astuple, stats), strict=True)))
 
 
 class LifecycleCosts:
@@ -67,12 +67,12 @@ class LifecycleCosts:
         """One run of ``path``: awaits ``work`` (a coroutine not yet started); its samples, its
         costs added to the path's."""
         cost = self.paths.setdefault(path, PathCost())
-        steps0 = await self.steps()
+        steps0 = _sum(await self.steps())
         cpu0, calls0, t0 = self.cpu.sample(), _counts(batchers()), time.perf_counter()
         samples = await work
         wall = time.perf_counter() - t0
         cpu1, calls1 = self.cpu.sample(), _counts(batchers())
-        cost.steps = _plus(cost.steps, _minus(await self.steps(), steps0))
+        cost.steps = _sum([cost.steps, _minus(_sum(await self.steps()), steps0)])
         cost.lifecycles += samples.rate * wall
         for group, seconds in CpuMeter.delta(cpu0, cpu1).items():
             cost.cpu[group] = cost.cpu.get(group, 0.0) + seconds
