@@ -215,6 +215,13 @@ class ReplicaConfig:
         "after each turn, checkpoint the session's state (off the token path) to storage that "
         "outlives this replica, so that its sessions survive its death",
     )
+    cuda_graphs: bool = setting(
+        True,
+        "on CUDA, run each decode step as a CUDA graph captured for its padded batch size and KV "
+        "width (checked against the eager step when captured; models with MoE layers run "
+        "eagerly)",
+    )
+    pad_decode: bool = setting(False, cli=False)  # pad decode batches without graphs too (tests)
     strict: bool = setting(False, "raise on any pool accounting violation")
     failpoints: frozenset[str] = setting(frozenset(), cli=False)  # see replica.failpoints
 

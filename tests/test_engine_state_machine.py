@@ -59,8 +59,9 @@ def make_machine(failpoints: frozenset[str] = frozenset()):
             kv_tokens=st.sampled_from([48, 128]),
             initial=st.lists(st.sampled_from([0.0, 5.0, 60.0]), min_size=1, max_size=3),
             max_cached=st.sampled_from([0, 4]),
+            pad_decode=st.booleans(),  # decode batches padded to fixed shapes, as CUDA graphs run
         )
-        def build(self, page_size, track, kv_tokens, initial, max_cached):
+        def build(self, page_size, track, kv_tokens, initial, max_cached, pad_decode):
             self.cap = Capacity(MAX_SESSIONS, track, kv_tokens, page_size)
             pools = PoolConfig(
                 max_sessions=MAX_SESSIONS,
@@ -79,6 +80,7 @@ def make_machine(failpoints: frozenset[str] = frozenset()):
                 max_batch_tokens=16,
                 session_idle_timeout_s=DEFAULT_TIMEOUT_S,
                 failpoints=failpoints,
+                pad_decode=pad_decode,
             )
             self.model = EngineModel(self.cap, MAX_CONTEXT, VOCAB, DEFAULT_TIMEOUT_S)
             self.known: list[str] = []  # every id opened or refused, closed ones included

@@ -90,7 +90,7 @@ class Engine:
         self.scheduler = Scheduler(
             self.pool, self.sessions, config.max_prefill_chunk, config.max_batch_tokens
         )
-        self.runner = ModelRunner(model, self.pool)
+        self.runner = ModelRunner(model, self.pool, config.cuda_graphs, config.pad_decode)
         self.checker = InvariantChecker(config.strict)
         self.leases = StreamLeases(self.sessions.clock)
         self.turns = TurnOutputs(tokenizer, self.scheduler, self.sessions, model.cfg.vocab_size)

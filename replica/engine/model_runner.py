@@ -10,18 +10,29 @@ from __future__ import annotations
 import torch
 
 from replica.api import StepStats
+from replica.engine.decode_graphs import DecodeGraphs
 from replica.engine.decode_inputs import DecodeInputs
+from replica.engine.decode_shapes import DecodeShapes
 from replica.model import HybridModel
 from replica.pools.hybrid_pool import HybridReqToTokenPool
 from replica.sessions.request import Req
 
 
 class ModelRunner:
-    def __init__(self, model: HybridModel, pool: HybridReqToTokenPool) -> None:
+    def __init__(
+        self, model: HybridModel, pool: HybridReqToTokenPool, cuda_graphs: bool, pad: bool
+    ) -> None:
+        """``cuda_graphs``: run decode steps as CUDA graphs where they can run (``DecodeGraphs``);
+        ``pad``: pad decode batches to fixed shapes where graphs do not run too (tests)."""
         self.model = model
         self.pool = pool
         self.buffers = pool.buffers
         self.device = pool.req_to_token.device
+        rows, context = pool.config.max_sessions, pool.config.max_context
+        padded = DecodeShapes.padded(rows, context)
+        self.graphs = DecodeGraphs.build(model, pool, padded, cuda_graphs)
+        self.shapes = padded if self.graphs is not None or pad else DecodeShapes.exact(context)
+        self.scratch = (pool.scratch_row, pool.mamba_pool.scratch_slot)
         self.prefilled_tokens = 0  # input tokens folded in by extend_batch, all turns so far
         # forwards that returned, and their rows (``step_stats``)
         self.decode_steps = self.decode_rows = self.prefill_steps = self.prefill_chunks = 0
@@ -46,27 +57,34 @@ class ModelRunner:
         return logits
 
     def decode(self, reqs: list[Req]) -> torch.Tensor:
-        """Fold each turn's last generated token; logits ``[B, vocab]``. The batch's index
-        tensors are kept while its turns are the same (``DecodeInputs``)."""
+        """Fold each turn's last generated token; logits ``[B, vocab]`` (with CUDA graphs, valid
+        until the next decode). The batch's index tensors are kept while its turns are the same
+        (``DecodeInputs``); with padding the forward runs the batch's padded shape."""
         inputs = self._decoding
         if inputs is None or not inputs.same(reqs):
-            inputs = self._decoding = DecodeInputs(reqs, self.buffers.ssm, self.device)
-        ids = torch.tensor([req.output_ids[-1] for req in reqs], dtype=torch.long)
-        logits = self.model.forward_decode(
-            ids,
-            inputs.positions,
-            inputs.mamba_slots,
-            self.pool.req_to_token[inputs.rows, : inputs.width],
-            inputs.positions + 1,
-            self.buffers,
-            inputs.state_rows,
-        )
+            inputs = self._decoding = DecodeInputs(
+                reqs, self.buffers.ssm, self.shapes, self.scratch, self.device
+            )
+        ids = inputs.ids(reqs)
+        kv = self.pool.req_to_token[inputs.rows, : inputs.columns]
+        if self.graphs is not None and self.graphs.serves():
+            logits = self.graphs.forward(ids, inputs.positions, inputs.mamba_slots, kv)
+        else:
+            logits = self.model.forward_decode(
+                ids,
+                inputs.positions,
+                inputs.mamba_slots,
+                kv,
+                inputs.positions + 1,
+                self.buffers,
+                inputs.state_rows,
+            )
         inputs.advance()
         for req in reqs:
             req.folded_len += 1
         self.decode_steps += 1
         self.decode_rows += len(reqs)
-        return logits
+        return logits[: len(reqs)] if inputs.pad else logits
 
     def step_stats(self) -> StepStats:
         """The forwards that returned so far, and their rows."""

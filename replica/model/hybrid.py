@@ -145,7 +145,7 @@ class HybridModel(nn.Module):
         batch again keeps (built here when not given).
         """
         if rows is None:
-            rows = StateRows.build(buffers.ssm, mamba_slots.tolist())
+            rows = StateRows.build(buffers.ssm, mamba_slots)
         batch = DecodeBatch.build(
             input_ids, positions, mamba_slots, kv_slots, kv_lens, rows, self.device
         )

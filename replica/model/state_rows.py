@@ -25,11 +25,17 @@ class StateRows(NamedTuple):
     ssm: list[list[torch.Tensor]]  # [recurrent layer][row]: that row's slot of ``LayerBuffers.ssm``
 
     @classmethod
-    def build(cls, ssm_buffers: Sequence[torch.Tensor], slots: Sequence[int]) -> StateRows | None:
-        """The views of ``slots`` (distinct) in each layer's temporal-state buffer, or None when
-        the state is updated by copy instead (not float32, or not on the CPU, or no layers)."""
+    def build(
+        cls, ssm_buffers: Sequence[torch.Tensor], slots: Sequence[int] | torch.Tensor
+    ) -> StateRows | None:
+        """The views of ``slots`` in each layer's temporal-state buffer, or None when the state
+        is updated by copy instead (not float32, or not on the CPU, or no layers). Slots are
+        distinct but for a padded batch's scratch slot (its contents are meaningless). A tensor
+        of slots is read on the host only when the views are built (never on CUDA)."""
         if not ssm_buffers or any(
             buf.dtype != torch.float32 or buf.device.type != "cpu" for buf in ssm_buffers
         ):
             return None
+        if isinstance(slots, torch.Tensor):
+            slots = slots.tolist()
         return cls(ssm=[[buf[s] for s in slots] for buf in ssm_buffers])

@@ -5,6 +5,11 @@ mamba slot for its live state (``mamba_pool_idx``) and ``mamba_track_buffers`` m
 (its track buffer; entry 0 holds the turn snapshot that makes turns atomic), plus the KV pages of
 its positions. ``alloc_seqs`` is all-or-nothing; ``free_seq`` gives back all of it,
 the mamba slots included.
+
+Each pool has one scratch entry beyond its capacity (``scratch_row``, ``mamba_pool.scratch_slot``,
+``kv_pool.scratch_slot``; the scratch row maps every position to the KV scratch slot): a decode
+batch padded to a fixed size (``DecodeShapes``) points its padding rows there. They are never
+allocated, so the accounting never sees them.
 """
 
 from __future__ import annotations
@@ -32,12 +37,20 @@ class SeqSlots(NamedTuple):
 
 class HybridReqToTokenPool(ReqToTokenPool):
     def __init__(self, model: ModelConfig, pools: PoolConfig) -> None:
-        super().__init__(pools.max_sessions, pools.max_context, pools.device)
+        super().__init__(pools.max_sessions, pools.max_context, pools.device, scratch=True)
         self.config = pools
-        self.mamba_pool = MambaPool(model, pools.mamba_slots, pools.state_torch_dtype, pools.device)
-        self.kv_pool = KVTokenPool(
-            model, pools.kv_token_slots, pools.page_size, pools.kv_torch_dtype, pools.device
+        self.mamba_pool = MambaPool(
+            model, pools.mamba_slots, pools.state_torch_dtype, pools.device, scratch=True
         )
+        self.kv_pool = KVTokenPool(
+            model,
+            pools.kv_token_slots,
+            pools.page_size,
+            pools.kv_torch_dtype,
+            pools.device,
+            scratch=True,
+        )
+        self.req_to_token[self.scratch_row] = self.kv_pool.scratch_slot
 
     @property
     def slots_per_seq(self) -> int:

@@ -14,6 +14,10 @@ page gets a fresh page of its own, whose contents the caller copies (copy-on-wri
 a shared page is never written, because every row only ever writes positions past its own
 length, and the only page holding such positions is its own). Freeing drops a holder; a page is
 free when its last holder frees it. A shared page is counted once (``distinct_pages``).
+
+With ``scratch``, one more page lies beyond the allocator (its first slot is ``scratch_slot``):
+never handed out or counted, it is where the padding rows of a decode batch padded to a fixed size
+write their K/V and what they read.
 """
 
 from __future__ import annotations
@@ -39,15 +43,18 @@ class KVTokenPool:
         device: str = "cpu",
         name: str = "kv_pages",
         pin_memory: bool = False,
+        scratch: bool = False,
     ) -> None:
         if token_slots % page_size:
             raise ValueError(f"token_slots {token_slots} is not a multiple of page {page_size}")
         self.page_size = page_size
         self.token_slots = token_slots
         self.device = device
+        self.scratch_slot = token_slots if scratch else None
         # One tensor per kind for all layers (as MambaPool), so moving a session's KV between
         # pools is one op per kind; ``k[j]``/``v[j]`` are the per-layer views the model uses.
-        shape = (model.num_attn_layers, token_slots, model.num_key_value_heads, model.head_dim)
+        held = token_slots + (page_size if scratch else 0)
+        shape = (model.num_attn_layers, held, model.num_key_value_heads, model.head_dim)
         self.k_all, self.v_all = (
             torch.zeros(shape, dtype=dtype, device=device, pin_memory=pin_memory) for _ in range(2)
         )

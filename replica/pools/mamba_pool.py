@@ -5,6 +5,10 @@ Per mamba layer a conv state ``[slots, conv_dim, d_conv-1]`` and an SSM state
 sequence starts from the model's initial state. ``copy(src, dst)`` copies every layer's state,
 which is how a turn snapshot is taken and restored. Double free and freeing a slot that was
 never allocated raise ``SlotStateError``.
+
+With ``scratch``, one more slot (``scratch_slot``, index ``slots``) lies beyond the allocator:
+never handed out or counted, it is where the padding rows of a decode batch padded to a fixed size
+read and write (its contents are meaningless).
 """
 
 from __future__ import annotations
@@ -24,14 +28,16 @@ class MambaPool:
         device: str = "cpu",
         name: str = "mamba",
         pin_memory: bool = False,
+        scratch: bool = False,
     ) -> None:
         self.slots = slots
         self.device = device
-        n = model.num_mamba_layers
+        self.scratch_slot = slots if scratch else None
+        n, held = model.num_mamba_layers, slots + scratch
         # One tensor per state kind for all layers, so zeroing or copying a batch of slots is one
         # op, not one per layer; ``conv[i]`` and ``ssm[i]`` are per-layer views the model uses.
         self.conv_all, self.ssm_all = (
-            torch.zeros((n, slots, *shape), dtype=dtype, device=device, pin_memory=pin_memory)
+            torch.zeros((n, held, *shape), dtype=dtype, device=device, pin_memory=pin_memory)
             for shape in (model.conv_state_shape, model.ssm_state_shape)
         )
         self.conv = list(self.conv_all.unbind(0))

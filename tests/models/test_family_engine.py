@@ -1,7 +1,8 @@
 """Each family served by the engine from the checkpoint transformers saved: greedy tokens equal
-transformers' ``generate`` across session turns for prefill chunks of 1, 7 and 64 tokens; a batch
-of sessions gives each the tokens and state it gets alone; a cancelled turn rolls the session
-back to exactly the state it had before."""
+transformers' ``generate`` across session turns for prefill chunks of 1, 7 and 64 tokens, and
+with decode batches padded to fixed shapes (as CUDA graphs run them); a batch of sessions gives
+each the tokens and state it gets alone; a cancelled turn rolls the session back to exactly the
+state it had before."""
 
 from __future__ import annotations
 
@@ -26,9 +27,9 @@ from tests.support.engine import (
 pytestmark = pytest.mark.parametrize("name", FAMILIES)
 
 
-def _engine(path: str, chunk: int = 16, sessions: int = 4) -> Engine:
+def _engine(path: str, chunk: int = 16, sessions: int = 4, pad: bool = False) -> Engine:
     pools = PoolConfig(max_sessions=sessions, kv_tokens=1024, max_context=256, page_size=16)
-    return make_engine(pools, load_model(path), max_prefill_chunk=chunk)
+    return make_engine(pools, load_model(path), max_prefill_chunk=chunk, pad_decode=pad)
 
 
 def _ids(n: int, seed: int) -> list[int]:
@@ -89,3 +90,25 @@ def test_cancelled_turn_restores_the_exact_state(name, during, peer_checkpoint):
     assert_same_state(session_state(engine, "x"), session_state(engine, "ref"), exact=True)
     assert run_turn(engine, "x", b, greedy(8))[0] == o2
     close_and_check(engine)
+
+
+def test_padded_decode_batches_match_generate(name, peer_checkpoint):
+    """Decode batches padded to fixed shapes: the conversation's replies are transformers' while
+    two more sessions decode beside it (3 rows run as 4, the KV read 64 columns wide), and its
+    state is the unpadded engine's."""
+    a, o1, b, o2 = conversation(name)
+    states = []
+    for pad in (False, True):
+        engine = _engine(peer_checkpoint(name), pad=pad)
+        assert engine.runner.shapes.pads == pad
+        for sid in ("s", "x", "y"):
+            engine.open_session(sid)
+        for prompt, new, reply in ((a, 10, o1), (b, 8, o2)):
+            for i, sid in enumerate("xy"):
+                engine.submit(sid, _ids(5 + i, i), greedy(12))
+            rid = engine.submit("s", prompt, greedy(new)).rid
+            got = [t for e in drain(engine) if e.turn_id == rid for t in e.token_ids]
+            assert got == reply
+        states.append(session_state(engine, "s"))
+        close_and_check(engine)
+    assert_same_state(states[1], states[0])
