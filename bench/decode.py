@@ -7,12 +7,19 @@ at 1 in the same repetition (every N runs once per repetition, side by side). TT
 over the N turns of submit -> first token. Prefill tokens/s is for ``--prefill-len``-token inputs
 folded into a fresh session (append only). Figures: median (min–max) over repetitions.
 
+Each N also runs on a second engine, side by side: on CUDA the same engine without CUDA graphs
+(``--no-cuda-graphs``), so the graphs' column is graphs ÷ eager; on the CPU an engine whose decode
+batches are padded to the fixed shapes the graphs run (``DecodeShapes``), so the column is what
+padding costs where no graph replays. Every shape a measured step runs is captured in a warm-up
+round first.
+
 Run: ``python -m bench.decode [--quick]`` (add ``--device cuda`` on a GPU). Goal: 16 concurrent
-sessions reach >= 8x the decode tokens/s of one.
+sessions reach >= 8x the decode tokens/s of one (the engine as ``serve`` runs it: graphs on CUDA).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 
@@ -113,40 +120,65 @@ def main() -> None:
     )
     args = cli.parse(parser)
     config = replica_config(max(args.concurrency), args.prefill_len, args.threads)
-    engine = build_engine(config, args.device)
-    decode_run(engine, 2, args.prompt_len, 8, args.device)  # warm up
-    runs: dict[int, list[dict]] = {n: [] for n in args.concurrency}
+    cuda = args.device.startswith("cuda")
+    # the engine as serve runs it, and beside it: eager on CUDA, padded on the CPU
+    names = ("graphs", "eager") if cuda else ("exact", "padded")
+    other = dataclasses.replace(config, cuda_graphs=False) if cuda else None
+    other = other or dataclasses.replace(config, pad_decode=True)
+    engines = {
+        names[0]: build_engine(config, args.device),
+        names[1]: build_engine(other, args.device),
+    }
+    for engine in engines.values():  # warm up: every shape the runs step through
+        for n in args.concurrency:
+            decode_run(engine, n, args.prompt_len, args.new, args.device)
+    runs = {(name, n): [] for name in engines for n in args.concurrency}
     for _ in range(args.repeats):
         for n in args.concurrency:
-            runs[n].append(decode_run(engine, n, args.prompt_len, args.new, args.device))
+            for name, engine in engines.items():
+                runs[name, n].append(decode_run(engine, n, args.prompt_len, args.new, args.device))
+    engine = engines[names[0]]
     prefill = [
         prefill_tok_s(engine, args.prefill_len, 2 if args.quick else 5, args.device)
         for _ in range(args.repeats)
     ]
-    engine.check_invariant()
+    for each in engines.values():
+        each.check_invariant()
+    graphs = engine.runner.graphs
+    if cuda:
+        captured = "off" if graphs is None else f"{len(graphs.graphs)} captured"
+        print(
+            f"CUDA graphs: {captured}"
+            + (f" (turned off: {graphs.off})" if graphs and graphs.off else "")
+        )
 
     print(
         f"tiny-bamba on {args.device} (threads={torch.get_num_threads()}), prompt "
         f"{args.prompt_len} tokens, {args.new} new tokens per session, {args.repeats} "
         "repetition(s): median (min–max)"
     )
-    table = Table("sessions", "decode tok/s", "vs 1 session", "TTFT median ms")
-    rates = {n: [r["tok_s"] for r in runs[n]] for n in args.concurrency}
-    single = rates.get(1)
+    a, b = names
+    table = Table(
+        "sessions", f"{a} tok/s", f"{b} tok/s", f"{a} / {b}", f"{a} vs 1 session", "TTFT ms"
+    )
+    rates = {key: [r["tok_s"] for r in value] for key, value in runs.items()}
+    single = rates.get((a, 1))
     for n in args.concurrency:
         table.add(
             n,
-            Spread.of(rates[n]).format(",.0f"),
-            ratios(rates[n], single).format() if single else "-",
-            Spread.of(r["ttft"] * 1e3 for r in runs[n]).format(".1f"),
+            Spread.of(rates[a, n]).format(",.0f"),
+            Spread.of(rates[b, n]).format(",.0f"),
+            ratios(rates[a, n], rates[b, n]).format(),
+            ratios(rates[a, n], single).format() if single else "-",
+            Spread.of(r["ttft"] * 1e3 for r in runs[a, n]).format(".1f"),
         )
     table.print()
     print(
         f"prefill: {Spread.of(prefill).format(',.0f')} tok/s for {args.prefill_len}-token "
         "inputs (one chunk)"
     )
-    if single and GOAL_SESSIONS in rates:
-        speedup = ratios(rates[GOAL_SESSIONS], single)
+    if single and (a, GOAL_SESSIONS) in rates:
+        speedup = ratios(rates[a, GOAL_SESSIONS], single)
         print_goals([Goal(f"decode tok/s, {GOAL_SESSIONS} sessions / 1", speedup, GOAL_SPEEDUP)])
 
 
