@@ -52,7 +52,8 @@ class CudaRecorder:
                 forward()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.memory):
+        # thread-local: the replica's other threads may use CUDA meanwhile (not captured)
+        with torch.cuda.graph(graph, pool=self.memory, capture_error_mode="thread_local"):
             logits = forward()
         return graph, logits
 
@@ -156,7 +157,12 @@ class DecodeGraphs:
         graph.replay()
         got = logits.clone()
         self._restore(scratch)
-        torch.testing.assert_close(got, want, msg=lambda m: f"replay differs from eager: {m}")
+        # a graph that baked its capture's inputs is off by the logits' own scale; kernels that
+        # round differently inside a graph by far less (half precision: a few parts in a 1000)
+        error = float((got - want).abs().max() / want.abs().max().clamp_min(1e-6))
+        bound = 1e-3 if self.model.dtype == torch.float32 else 5e-2
+        if not error <= bound:  # NaN too
+            raise AssertionError(f"replay differs from eager: {error:.2g} of the logits' scale")
 
     def _scratch_state(self) -> list[torch.Tensor]:
         b = self.buffers
