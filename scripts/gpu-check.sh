@@ -3,10 +3,10 @@
 #
 #   1. the fused-kernel and GPU pool tests (tests/gpu/): fail unless every one runs, none skipped
 #      (a missing `cuda-kernels` extra skips them: install it, `pip install -e .[cuda-kernels]`);
-#      among them: host pools and the copier's staging buffer pinned, bf16 state copies of slots
-#      over 32 MiB both ways;
-#   2. the engine, pool, parking and migration tests with every engine and pool fixture on CUDA
-#      (SESSION_ROUTER_TEST_DEVICE=cuda);
+#      among them: the decode step as CUDA graphs against the eager step, host pools and the
+#      copier's staging buffer pinned, bf16 state copies of slots over 32 MiB both ways;
+#   2. the engine, pool, parking, migration and padded-decode tests with every engine and pool
+#      fixture on CUDA (SESSION_ROUTER_TEST_DEVICE=cuda; their decode steps run as CUDA graphs);
 #   3. bench.decode, bench.step_calls, bench.park_restore and bench.vs_transformers on the GPU,
 #      their tables printed.
 #
@@ -71,6 +71,7 @@ run_tests engine-on-cuda \
     tests/test_pools.py tests/test_pool_state_machine.py tests/test_slot_allocator.py \
     tests/test_state_copy.py tests/test_parking.py tests/test_parking_exact.py \
     tests/test_migration_exact.py tests/test_checkpoint_accounting.py \
+    tests/test_decode_padding.py tests/test_decode_graphs.py \
     tests/models/test_family_engine.py tests/models/test_family_dtypes.py
 unset SESSION_ROUTER_TEST_DEVICE
 

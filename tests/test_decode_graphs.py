@@ -12,6 +12,7 @@ import torch
 
 from replica.engine.decode_graphs import DecodeGraphs
 from replica.engine.decode_shapes import DecodeShapes
+from tests.support.device import on_test_device
 from tests.support.engine import tiny_bamba, token_ids
 from tests.support.pools import make_pools
 
@@ -54,6 +55,7 @@ def _pool_with_sessions():
     """A pool whose three sequences hold the prefill of ``LENGTHS`` tokens (KV reserved for
     ``STEPS`` more)."""
     cfg, model, _ = tiny_bamba()
+    model = on_test_device(model)
     pool, _, _ = make_pools(max_sessions=6, kv_tokens=1024, page_size=16, track=0, model=cfg)
     seqs = pool.alloc_seqs(len(LENGTHS))
     for i, (seq, n) in enumerate(zip(seqs, LENGTHS, strict=True)):
