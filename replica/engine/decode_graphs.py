@@ -10,8 +10,10 @@ checked against the eager forward on other padding-only inputs of its shape, fro
 scratch state; a capture that fails or does not match turns the graphs off for the replica
 (logged once): every later step runs eagerly, as without graphs.
 
-Only where a decode forward makes no host round trip: CUDA, and no MoE layer (the experts' CUDA
-path splits the rows by expert on the host). Owned by the ``ModelRunner``, on the engine thread.
+Only where a decode forward makes no host round trip: CUDA, and MoE layers only where their
+experts run as one grouped GEMM (``replica.model.moe.grouped_gemm``: bfloat16 on recent GPUs;
+otherwise they count each expert's rows on the host). Owned by the ``ModelRunner``, on the
+engine thread.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 
 from replica.engine.decode_shapes import DecodeShapes
 from replica.model import HybridModel
+from replica.model.moe import grouped_gemm
 from replica.pools.hybrid_pool import HybridReqToTokenPool
 
 log = logging.getLogger(__name__)
@@ -88,8 +91,8 @@ class DecodeGraphs:
         """Graphs for ``model``'s decode steps on ``pool``, or None where they cannot run."""
         if not enabled or pool.req_to_token.device.type != "cuda":
             return None
-        if "moe" in model.cfg.layer_ffns:
-            log.info("decode runs eagerly: the MoE layers' CUDA path reads expert counts")
+        if "moe" in model.cfg.layer_ffns and not grouped_gemm(model.device, model.dtype):
+            log.info("decode runs eagerly: the MoE layers count their experts' rows on the host")
             return None
         return cls(model, pool, shapes)
 

@@ -3,11 +3,16 @@
 Expert weights are stacked: ``gate_up [experts, 2*inter (or inter), hidden]`` and
 ``down [experts, hidden, inter]``. Each token's output is the weighted sum of its top-k experts
 (added in expert order), plus the shared expert's output. Tokens are grouped by expert with one
-sort, and the experts' blocks of rows run as one grouped GEMM (on CUDA, one matmul per expert that
-has tokens), so the work is proportional to the tokens routed, not to the number of experts.
+sort, and the experts' blocks of rows run as one grouped GEMM (on CUDA where the build's grouped
+GEMM takes the dtype, e.g. bfloat16 on recent GPUs; elsewhere on CUDA one matmul per expert that
+has tokens), so the work is proportional to the tokens routed, not to the number of experts. The
+grouped GEMM reads its block sizes on the device: a forward that uses it makes no host round
+trip, so a CUDA graph can record it.
 """
 
 from __future__ import annotations
+
+from functools import cache
 
 import torch
 import torch.nn.functional as F
@@ -71,13 +76,13 @@ class MoE(nn.Module):
         token = order // top_k
         counts = torch.bincount(flat, minlength=self.gate_up.shape[0])
         rows = x.index_select(0, token)  # grouped by expert, in expert order
-        if x.device.type == "cpu":
+        if grouped_gemm(x.device, x.dtype):
             # one grouped GEMM over every expert's block of rows: the same products as a matmul
             # per expert (bit for bit), without a Python loop over the experts
             offs = counts.cumsum(0).to(torch.int32)
             h = self._activate(F.grouped_mm(rows, self.gate_up.transpose(1, 2), offs=offs))
             routed = F.grouped_mm(h, self.down.transpose(1, 2), offs=offs)
-        else:  # CUDA's grouped GEMM takes bfloat16 on recent GPUs only: a matmul per expert
+        else:  # a matmul per expert, its rows counted on the host
             outs = []
             start = 0
             for e, count in enumerate(counts.tolist()):
@@ -106,3 +111,18 @@ class MoE(nn.Module):
                 shared = torch.sigmoid(self.shared_gate(flat)) * shared
             out = out + shared
         return out.view(shape)
+
+
+@cache
+def grouped_gemm(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether ``F.grouped_mm`` runs on ``device`` in ``dtype``: always on the CPU; on CUDA as
+    the build and the GPU allow (bfloat16 on recent GPUs), found by trying it once."""
+    if device.type == "cpu":
+        return True
+    try:
+        a = torch.zeros((4, 16), dtype=dtype, device=device)
+        b = torch.zeros((2, 16, 16), dtype=dtype, device=device)
+        F.grouped_mm(a, b, offs=torch.tensor([2, 4], dtype=torch.int32, device=device))
+    except (RuntimeError, NotImplementedError, TypeError):
+        return False
+    return True
