@@ -119,10 +119,11 @@ def grouped_gemm(device: torch.device, dtype: torch.dtype) -> bool:
     the build and the GPU allow (bfloat16 on recent GPUs), found by trying it once."""
     if device.type == "cpu":
         return True
-    try:
-        a = torch.zeros((4, 16), dtype=dtype, device=device)
-        b = torch.zeros((2, 16, 16), dtype=dtype, device=device)
-        F.grouped_mm(a, b, offs=torch.tensor([2, 4], dtype=torch.int32, device=device))
+    try:  # as ``MoE.experts`` calls it: stacked weights transposed, an expert without rows
+        rows = torch.zeros((4, 16), dtype=dtype, device=device)
+        weights = torch.zeros((2, 32, 16), dtype=dtype, device=device).transpose(1, 2)
+        for ends in ([1, 4], [0, 4]):
+            F.grouped_mm(rows, weights, offs=torch.tensor(ends, dtype=torch.int32, device=device))
     except (RuntimeError, NotImplementedError, TypeError):
         return False
     return True
