@@ -218,8 +218,8 @@ class ReplicaConfig:
     cuda_graphs: bool = setting(
         True,
         "on CUDA, run each decode step as a CUDA graph captured for its padded batch size and KV "
-        "width (checked against the eager step when captured; models with MoE layers run "
-        "eagerly)",
+        "width (checked against the eager step when captured; a model with MoE layers only where "
+        "its experts run as one grouped GEMM, e.g. bfloat16 on recent GPUs)",
     )
     pad_decode: bool = setting(False, cli=False)  # pad decode batches without graphs too (tests)
     strict: bool = setting(False, "raise on any pool accounting violation")
