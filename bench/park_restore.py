@@ -77,7 +77,7 @@ def main() -> None:
     del engine
 
     engine = decode_engine(device, max(parked_counts), args.threads)
-    decode_with_parked(engine, 0, 8, 1, device)  # warm up
+    decode_with_parked(engine, 0, args.new, 1, device)  # warm up (on CUDA: the graphs too)
     rates: dict[int, list[float]] = {n: [] for n in parked_counts}
     calls: dict[int, float] = {}
     for _ in range(repeats):
