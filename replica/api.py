@@ -395,6 +395,17 @@ class Imported:
     snapshot: PoolSnapshot
 
 
+@dataclass(frozen=True, slots=True)
+class ReportReply:
+    """The router's answer to a replica's snapshot report. ``router`` is the answering router's
+    incarnation, which the moves it sends carry (``import_sessions(router=...)``): a replica
+    refuses a move sent by a router other than the one it reports to now (that router died, and
+    its successor has learned this replica's sessions without the move)."""
+
+    known: bool  # False: the router does not know this replica (it restarted): register again
+    router: str
+
+
 # ----- replicas --------------------------------------------------------------------------------
 
 

@@ -31,6 +31,10 @@ exists to catch:
   ``STALL_S`` once the imported sessions are open in its pools (the actor serves meanwhile), so
   a test can declare the target dead mid-import: nothing may be pinned to it when it answers
   (``router.control.moving``); the sessions stay on their source, or a failover tries another.
+- ``import_lands_late``: the replica's first (or N-th) ``import_sessions`` waits, before it
+  touches any state, until the replica reports to another router than the one that sent the
+  move (at most ``LATE_S``): a move cut off by its router's death that would land after the
+  restarted router learned this replica's sessions. It is refused (``replica.actor.moves``).
 - ``finish_export_fails`` / ``finish_export_crashes``: the first (or N-th) ``finish_export`` of a
   move that landed raises before it touches any state / ends the source's process: the sessions
   are on the target and still on the source. The router keeps exactly one copy: the target's
@@ -47,7 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 ENV_VAR = "SESSION_ROUTER_FAILPOINTS"
 NAMES = (
@@ -62,6 +66,7 @@ NAMES = (
     "import_fails",
     "import_crashes",
     "import_stalls",
+    "import_lands_late",
     "finish_export_fails",
     "finish_export_crashes",
     "checkpoint_ack_fails",
@@ -70,11 +75,14 @@ COUNTED = (
     "import_fails",
     "import_crashes",
     "import_stalls",
+    "import_lands_late",
     "finish_export_fails",
     "finish_export_crashes",
     "checkpoint_ack_fails",
 )
 STALL_S = 8.0  # how long ``import_stalls`` holds its import's answer
+LATE_S = 60.0  # how long ``import_lands_late`` waits at most
+HOLD_POLL_S = 0.05
 CALLS_THAT_RAISE = ("submit_turns", "open_sessions")  # what replica_call_raises arms, once each
 
 
@@ -161,6 +169,15 @@ class CallFaults:
         if self.fires(name):
             self.stalled += 1
             await asyncio.sleep(STALL_S)
+
+    async def hold_if(self, name: str, until: Callable[[], bool], limit_s: float) -> None:
+        """Hold the caller until ``until()`` (at most ``limit_s``) if the counted fault ``name``
+        fires now (the actor goes on serving other calls meanwhile)."""
+        if self.fires(name):
+            self.stalled += 1
+            deadline = asyncio.get_running_loop().time() + limit_s
+            while not until() and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(HOLD_POLL_S)
 
     def trip(self, call: str) -> None:
         """Raise ``InjectedCallError`` if ``call`` is still armed (disarming it)."""

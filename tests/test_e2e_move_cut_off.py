@@ -9,7 +9,12 @@ pins it there, and its next turn equals a session's that never moved; nothing is
 (Before, the router pinned whichever registered last: the source's copy refused its turns, as
 marked moving, for the mark's two minutes, or the target's copy stayed beside it unused.)
 
-The test kills the router, so the module has its own server.
+A move cut off before it landed, whose import lands only after the target has registered
+with the restarted router (failpoint ``import_lands_late`` holds it until then), is refused:
+the new router learned the target's sessions without it, so its copy would be pinned nowhere
+until its idle timeout. The session goes on from its source.
+
+The tests kill the router, so the module has its own server.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 import pytest
 import ray
@@ -78,13 +84,7 @@ def test_a_move_cut_off_by_the_routers_death_leaves_one_copy(server):
     assert outcome, "the migrate call never ended"
 
     went_on = drain_stream(moved.generate(tokens=[7, 8], max_new_tokens=6, **SEEDED))
-    fresh = client.open()
-    assert drain_stream(fresh.generate(tokens=[4, 5, 6], max_new_tokens=6, **SEEDED)) == first
-    assert drain_stream(fresh.generate(tokens=[7, 8], max_new_tokens=6, **SEEDED)) == went_on
-    for s in (moved, other, fresh):
-        assert s.close()
-    server.wait_at_capacity(server.wait_healed())
-    client.close()
+    _goes_on_as_if_it_never_moved(server, client, first, went_on, moved, other)
 
 
 def test_a_move_cut_off_before_it_landed_leaves_the_session_on_its_source(server):
@@ -103,10 +103,67 @@ def test_a_move_cut_off_before_it_landed_leaves_the_session_on_its_source(server
 
     went_on = drain_stream(session.generate(tokens=[7, 8], max_new_tokens=6, timeout=60, **SEEDED))
     assert server.sessions_on()[session.replica_id] >= {session.id}
+    _goes_on_as_if_it_never_moved(server, client, first, went_on, session)
+
+
+def test_a_cut_off_move_landing_after_the_new_router_learned_its_target_is_refused(server):
+    client = SessionClient(server.address)
+    session = client.open(idle_timeout_s=240)
+    source = session.replica_id
+    target = next(r for r in server.wait_healed() if r != source)
+    first = drain_stream(session.generate(tokens=[4, 5, 6], max_new_tokens=6, **SEEDED))
+    handle = server.replicas[target]
+
+    def on_target(fn):
+        return ray.get(handle.__ray_call__.remote(fn), timeout=30)
+
+    stalled = on_target(lambda actor: actor.moves.call_faults.stalled)
+    on_target(lambda actor: actor.moves.call_faults.arm("import_lands_late"))
+    old_router = on_target(lambda actor: actor.reporter.router_incarnation)
+    mover = threading.Thread(target=lambda: _migrate(client, session.id, target))
+    mover.start()
+    wait_for(
+        lambda: on_target(lambda actor: actor.moves.call_faults.stalled) > stalled,
+        30,
+        0.05,
+        "the import to wait before it lands",
+    )
+    router = server.server.router
+    os.kill(actor_pid(router), signal.SIGKILL)
+    wait_for(
+        lambda: on_target(lambda actor: actor.reporter.router_incarnation) != old_router,
+        60,
+        0.1,
+        "the target to report to the restarted router",
+    )
+    mover.join(timeout=90)
+
+    went_on = drain_stream(session.generate(tokens=[7, 8], max_new_tokens=6, timeout=60, **SEEDED))
+    deadline = time.monotonic() + 3.0  # the held import answers within 50 ms of the change
+    while time.monotonic() < deadline:
+        held = server.sessions_on([source, target])
+        assert session.id not in held[target], "the late import left a copy on the target"
+        assert session.id in held[source]
+        time.sleep(0.2)
+    pinned = ray.get(server.server.router.pinned_sessions.remote(source), timeout=30)
+    assert session.id in pinned
+    _goes_on_as_if_it_never_moved(server, client, first, went_on, session)
+
+
+def _migrate(client: SessionClient, session_id: str, target: str) -> None:
+    try:
+        client.migrate(session_id, target, 60)
+    except Exception:  # noqa: BLE001 - the router died under it: the move is void
+        pass
+
+
+def _goes_on_as_if_it_never_moved(server, client, first, went_on, *sessions) -> None:
+    """A fresh session given the same two turns streams ``first`` and ``went_on``; then every
+    session closes and every pool is back at capacity."""
     fresh = client.open()
     assert drain_stream(fresh.generate(tokens=[4, 5, 6], max_new_tokens=6, **SEEDED)) == first
     assert drain_stream(fresh.generate(tokens=[7, 8], max_new_tokens=6, **SEEDED)) == went_on
-    for s in (session, fresh):
+    for s in (*sessions, fresh):
         assert s.close()
     server.wait_at_capacity(server.wait_healed())
     client.close()

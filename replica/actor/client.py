@@ -172,10 +172,13 @@ class ReplicaClient:
     ) -> PoolSnapshot | ActorError:
         return await self.handle.finish_export.remote(session_ids, moved)
 
-    async def import_sessions(self, *, parts: list, hold_s: float = 0.0) -> Imported | ActorError:
+    async def import_sessions(
+        self, *, parts: list, hold_s: float = 0.0, router: str | None = None
+    ) -> Imported | ActorError:
         """``parts``: ``SessionStates`` records or references to them; each session is held
-        (as by a stream lease) at least ``hold_s`` seconds."""
-        return await self.handle.import_sessions.remote(parts, hold_s)
+        (as by a stream lease) at least ``hold_s`` seconds. ``router``: the incarnation of the
+        router sending the move; refused when the replica reports to another one now."""
+        return await self.handle.import_sessions.remote(parts, hold_s, router)
 
     # ----- checkpoints --------------------------------------------------------------------
 

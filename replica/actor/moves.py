@@ -8,7 +8,11 @@ is ``router.control.migration``, the engine's ``replica.engine.moves.SessionMove
 - ``export_sessions(ids)``: two results (call it with ``num_returns=2``): what was exported, and
   the ``SessionStates`` record, which stays in Ray's object store for the target to fetch.
 - ``finish_export(ids, moved)``: release them here (they landed) or unmark them (they did not).
-- ``import_sessions(parts)``: open the sessions of records (or ObjectRefs of records) here.
+- ``import_sessions(parts, router=...)``: open the sessions of records (or ObjectRefs of
+  records) here; refused, before anything is opened, when ``router`` (the incarnation of the
+  router that sent the move) is not the router this replica reports to now: that router died
+  and its successor learned this replica's sessions without these (a copy landing now would
+  be pinned nowhere; the source takes the sessions back).
 Every refusal comes back as an ``ActorError``, as in the rest of the actor's API. The failpoints
 ``import_*`` and ``finish_export_*`` (``replica.failpoints``) fault the last two.
 """
@@ -23,8 +27,9 @@ import ray
 
 from replica.actor.checkpoints import CheckpointCalls
 from replica.actor.engine_host import EngineHost
-from replica.api import ActorError, Exported, Imported, PoolSnapshot, SessionStates
-from replica.failpoints import CallFaults
+from replica.actor.reporting import RouterReporter
+from replica.api import ActorError, Exported, Imported, PoolSnapshot, SessionStates, StatusCode
+from replica.failpoints import LATE_S, CallFaults
 
 if TYPE_CHECKING:
     from replica.engine.engine import Engine
@@ -39,11 +44,14 @@ class MoveCalls:
         host: EngineHost,
         checkpoints: CheckpointCalls,
         call_faults: CallFaults,
+        reporter: RouterReporter | None,
     ) -> None:
+        """``reporter``: whose ``router_incarnation`` says which router's moves are taken."""
         self.engine = engine
         self.host = host
         self.checkpoints = checkpoints
         self.call_faults = call_faults  # import_* and finish_export_* (replica.failpoints)
+        self.reporter = reporter
 
     async def mark_moving(self, session_ids: list[str]) -> Exported | ActorError:
         return await self.host.call(self.engine.moves.mark, session_ids)
@@ -70,16 +78,35 @@ class MoveCalls:
             self.call_faults.crash_if("finish_export_crashes")
         return await self.host.call(self.engine.moves.finish, session_ids, moved)
 
-    async def import_sessions(self, parts: list, hold_s: float = 0.0) -> Imported | ActorError:
+    async def import_sessions(
+        self, parts: list, hold_s: float = 0.0, router: str | None = None
+    ) -> Imported | ActorError:
         """``parts``: ``SessionStates`` records, or ObjectRefs of them (fetched here, straight
-        from the object store they are in); each session held at least ``hold_s`` seconds. With
+        from the object store they are in); each session held at least ``hold_s`` seconds;
+        ``router``: the incarnation of the router that sent the move (None: not checked). With
         checkpoints on, answers once the sessions' first checkpoints here are stored: the state
         is never in one replica's hands only."""
         self.call_faults.raise_if("import_fails", "import_sessions")
         records = [await part if isinstance(part, ray.ObjectRef) else part for part in parts]
+        await self.call_faults.hold_if(
+            "import_lands_late", lambda: self._current_router() not in (None, router), LATE_S
+        )
+        # no await between this check and the engine command: a registration with a restarted
+        # router reads the sessions after ``router_incarnation`` changed, so an import either
+        # lands before that read (the new router sees its copy) or is refused here
+        current = self._current_router()
+        if router is not None and current is not None and router != current:
+            return ActorError(
+                StatusCode.FAILED_PRECONDITION,
+                f"a move sent by router {router}, which has been replaced (by {current}): "
+                "nothing imported; the sessions go on from their source",
+            )
         imported = await self.host.call(self.engine.moves.import_, records, hold_s)
         self.call_faults.crash_if("import_crashes")  # dies with the sessions in its pools
         await self.call_faults.stall_if("import_stalls")  # may be declared dead meanwhile
         if not isinstance(imported, ActorError):
             await self.checkpoints.durable([info.session_id for info in imported.opened])
         return imported
+
+    def _current_router(self) -> str | None:
+        return None if self.reporter is None else self.reporter.router_incarnation

@@ -94,7 +94,6 @@ class ReplicaActor:
         )
         self.sessions = SessionCalls(self.engine, self.host, faults)
         self.turns = TurnCalls(self.engine, self.host, model.tokenizer, model.chat_prompts, faults)
-        self.moves = MoveCalls(self.engine, self.host, self.checkpoints, faults)
         registration = Registration(self.status, self.sessions, self.host, self.checkpoints)
         self.reporter: RouterReporter | None = None
         if router is not None:
@@ -106,6 +105,7 @@ class ReplicaActor:
                 report_interval_s,
                 "drop_snapshots" in config.failpoints,
             )
+        self.moves = MoveCalls(self.engine, self.host, self.checkpoints, faults, self.reporter)
 
     # ----- what the engine produces, routed to the parts that take it; then the remote methods
 
@@ -237,8 +237,10 @@ class ReplicaActor:
     async def finish_export(self, session_ids: list[str], moved: bool) -> PoolSnapshot | ActorError:
         return await self.moves.finish_export(session_ids, moved)
 
-    async def import_sessions(self, parts: list, hold_s: float = 0.0) -> Imported | ActorError:
-        return await self.moves.import_sessions(parts, hold_s)
+    async def import_sessions(
+        self, parts: list, hold_s: float = 0.0, router: str | None = None
+    ) -> Imported | ActorError:
+        return await self.moves.import_sessions(parts, hold_s, router)
 
     async def checkpoint_stream(self, store: Any, confirm_on_ack: bool):
         async for item in self.checkpoints.stream(store, confirm_on_ack):

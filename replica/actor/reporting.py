@@ -45,6 +45,10 @@ class RouterReporter:
         self.drop_snapshots = drop_snapshots
         self.dead = False
         self._released: list[str] = []  # released on the replica's own account, to report
+        # the incarnation of the router this replica reports to (None: none answered yet); set
+        # before the replica registers with a restarted router, so that a move the dead router
+        # sent, landing after the registration, is refused (``MoveCalls.import_sessions``)
+        self.router_incarnation: str | None = None
 
     def note_released(self, session_ids: list[str]) -> None:
         self._released.extend(session_ids)
@@ -61,11 +65,12 @@ class RouterReporter:
     async def _report(self) -> None:
         released, self._released = self._released, []
         try:
-            known = await self.router.report(snapshot=self.latest_snapshot(), released=released)
+            reply = await self.router.report(snapshot=self.latest_snapshot(), released=released)
         except Exception:
             self._released = released + self._released  # tell the router next time
             raise
-        if not known and not self.dead:
+        self.router_incarnation = reply.router
+        if not reply.known and not self.dead:
             # a router that does not know this replica (it restarted) dropped ``released``: tell
             # it again once registered, or a gateway's pin of one of them that lands later
             # would stay in its table with no session behind it

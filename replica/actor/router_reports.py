@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from replica.api import PoolSnapshot, ReplicaDescription
+from replica.api import PoolSnapshot, ReplicaDescription, ReportReply
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,8 +38,9 @@ class RouterReports:
             replica_id, handle, desc, tenants, snapshot, checkpoints, blank, moving
         )
 
-    async def report(self, *, snapshot: PoolSnapshot, released: list[str]) -> bool:
-        """False: the router does not know this replica (it restarted): register again."""
+    async def report(self, *, snapshot: PoolSnapshot, released: list[str]) -> ReportReply:
+        """``known`` False: the router does not know this replica (it restarted): register
+        again; ``router``: that router's incarnation."""
         return await self.handle.report.remote(snapshot, released)
 
     async def replica_failed(self, *, replica_id: str, why: str, wait: bool = False) -> Any:

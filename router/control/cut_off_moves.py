@@ -13,8 +13,9 @@ naming the sessions it holds and those of them marked moving. It keeps one copy 
   the move had not landed, and the source takes it back (``finish_export`` without ``moved``),
   instead of refusing its turns until the mark's time-out.
 
-An import still running on the target when the router died may land after the target has
-registered: that copy is pinned nowhere and ends at its idle timeout.
+An import still running on the target when the router died lands before the target has
+registered (the new router then sees both copies, as above) or not at all: the target refuses
+a move sent by a router it no longer reports to (``replica.actor.moves``).
 """
 
 from __future__ import annotations

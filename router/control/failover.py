@@ -231,7 +231,9 @@ class Failover:
         entry.reserved += len(ids)
         try:
             imported = await entry.replica.import_sessions(
-                parts=[found[s][1][0] for s in ids], hold_s=RESTORED_HOLD_S
+                parts=[found[s][1][0] for s in ids],
+                hold_s=RESTORED_HOLD_S,
+                router=self.migrator.incarnation,
             )
         except Exception as exc:  # noqa: BLE001 - blamed on the side that failed
             if object_lost(exc):  # the checkpoints are gone, not the target: nothing to restore

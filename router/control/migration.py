@@ -67,7 +67,11 @@ class Migrator:
         sessions: SessionTable,
         view: Callable[[str], ReplicaView],
         on_dead: Callable[[str, str], Awaitable[Any]],
+        incarnation: str,
     ) -> None:
+        """``incarnation``: the router's, which its imports carry (a replica refuses the moves
+        of a router it no longer reports to)."""
+        self.incarnation = incarnation
         self.replicas = replicas
         self.sessions = sessions
         self.view = view
@@ -197,7 +201,9 @@ class Migrator:
             return [], refused
         dst.reserved += len(exported.exported)
         try:
-            imported: Imported | ActorError = await dst.replica.import_sessions(parts=[states_ref])
+            imported: Imported | ActorError = await dst.replica.import_sessions(
+                parts=[states_ref], router=self.incarnation
+            )
         except Exception as exc:  # noqa: BLE001 - blamed on the side that failed
             if object_lost(exc):  # the export is gone: finish_export finds out if the source is
                 log.error("import on %s could not fetch the export of %s: %s", target, source, exc)

@@ -12,7 +12,9 @@ router routes a session elsewhere only when its state moves too (``router.contro
 drain with migration, MigrateSession); a route asked for while its session moves waits for the
 move. A session whose replica died is answered ABORTED. After its own restart the router
 rebuilds its table from the replicas, which re-register with their sessions when their next
-snapshot report is not recognised.
+snapshot report is not recognised. Each incarnation of the router has its own id, which every
+report's reply and every move it sends carry: a replica refuses a move of a router it no longer
+reports to (``replica.actor.moves``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import logging
 import secrets
 from typing import Any
 
-from replica.api import ActorError, PoolSnapshot, ReplicaDescription
+from replica.api import ActorError, PoolSnapshot, ReplicaDescription, ReportReply
 from router.config import RouterConfig
 from router.control.api import Drained, FailoverOutcome, ReplicaView, Route
 from router.control.cluster_calls import ClusterCalls
@@ -43,6 +45,7 @@ log = logging.getLogger(__name__)
 class SessionRouter:
     def __init__(self, config: RouterConfig | None = None) -> None:
         config = config or RouterConfig()
+        self.incarnation = secrets.token_hex(6)  # this instance's: Ray's restart makes another
         self.replicas = ReplicaRegistry()
         self.sessions = SessionTable()
         self.routing = Routing(self.replicas, self.sessions)
@@ -57,7 +60,9 @@ class SessionRouter:
             config.health_interval_s,
             config.dead_replica_retention_s,
         )
-        self.migrator = Migrator(self.replicas, self.sessions, self._view, self._declare_dead)
+        self.migrator = Migrator(
+            self.replicas, self.sessions, self._view, self._declare_dead, self.incarnation
+        )
         self.failover = Failover(
             self.replicas,
             self.sessions,
@@ -118,10 +123,11 @@ class SessionRouter:
             list(moving or ()),
         )
 
-    async def report(self, snapshot: PoolSnapshot, released: list[str]) -> bool:
-        """``ClusterCalls.report``: False when the replica must register (again)."""
+    async def report(self, snapshot: PoolSnapshot, released: list[str]) -> ReportReply:
+        """``ClusterCalls.report`` (``known`` False: the replica must register again), with this
+        router's incarnation."""
         self._start()
-        return await self.cluster.report(snapshot, released)
+        return ReportReply(await self.cluster.report(snapshot, released), self.incarnation)
 
     async def replica_failed(self, replica_id: str, why: str, wait: bool = True) -> FailoverOutcome:
         """Mark a replica dead (once) and restore its sessions elsewhere from their checkpoints
