@@ -20,6 +20,7 @@ Every refusal comes back as an ``ActorError``, as in the rest of the actor's API
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -33,6 +34,8 @@ from replica.failpoints import LATE_S, CallFaults
 
 if TYPE_CHECKING:
     from replica.engine.engine import Engine
+
+log = logging.getLogger(__name__)
 
 BUSY_POLL_S = 0.01
 
@@ -96,11 +99,12 @@ class MoveCalls:
         # lands before that read (the new router sees its copy) or is refused here
         current = self._current_router()
         if router is not None and current is not None and router != current:
-            return ActorError(
-                StatusCode.FAILED_PRECONDITION,
+            why = (
                 f"a move sent by router {router}, which has been replaced (by {current}): "
-                "nothing imported; the sessions go on from their source",
+                "nothing imported; the sessions go on from their source"
             )
+            log.warning("import of %d session(s) refused: %s", len(records), why)
+            return ActorError(StatusCode.FAILED_PRECONDITION, why)
         imported = await self.host.call(self.engine.moves.import_, records, hold_s)
         self.call_faults.crash_if("import_crashes")  # dies with the sessions in its pools
         await self.call_faults.stall_if("import_stalls")  # may be declared dead meanwhile
