@@ -123,8 +123,8 @@ def main() -> None:
     cuda = args.device.startswith("cuda")
     # the engine as serve runs it, and beside it: eager on CUDA, padded on the CPU
     names = ("graphs", "eager") if cuda else ("exact", "padded")
-    other = dataclasses.replace(config, cuda_graphs=False) if cuda else None
-    other = other or dataclasses.replace(config, pad_decode=True)
+    beside = {"cuda_graphs": False} if cuda else {"pad_decode": True}
+    other = dataclasses.replace(config, **beside)
     engines = {
         names[0]: build_engine(config, args.device),
         names[1]: build_engine(other, args.device),

@@ -12,9 +12,9 @@ from replica.engine.decode_shapes import DecodeShapes
 from tests.support.engine import (
     assert_same_state,
     close_and_check,
-    drain,
     greedy,
     make_engine,
+    run_batch,
     run_turn,
     session_state,
     token_ids,
@@ -83,15 +83,6 @@ def _turns(seed: int) -> dict[str, tuple[list[int], SamplingParams]]:
     }
 
 
-def _run(engine, turns) -> dict[str, list[int]]:
-    rids = {engine.submit(sid, ids, sp).rid: sid for sid, (ids, sp) in turns.items()}
-    out: dict[str, list[int]] = {sid: [] for sid in turns}
-    for event in drain(engine):
-        assert event.error_code is None, event
-        out[rids[event.turn_id]] += event.token_ids
-    return out
-
-
 def test_padded_steps_give_each_turn_the_unpadded_tokens_and_state():
     results = []
     for pad in (False, True):
@@ -99,7 +90,7 @@ def test_padded_steps_give_each_turn_the_unpadded_tokens_and_state():
         assert engine.runner.shapes.pads == pad
         for sid in "abc":
             engine.open_session(sid)
-        tokens = [_run(engine, _turns(10)), _run(engine, _turns(20))]
+        tokens = [run_batch(engine, _turns(10)), run_batch(engine, _turns(20))]
         results.append((tokens, {sid: session_state(engine, sid) for sid in "abc"}))
         close_and_check(engine)
     (want, want_states), (got, got_states) = results
@@ -120,6 +111,6 @@ def test_padding_rows_move_no_other_sessions_state():
     before = session_state(engine, "idle")
     for sid in ("x", "y", "z"):
         engine.open_session(sid)
-    _run(engine, {sid: (token_ids(9, i), greedy(12)) for i, sid in enumerate("xyz")})
+    run_batch(engine, {sid: (token_ids(9, i), greedy(12)) for i, sid in enumerate("xyz")})
     assert_same_state(session_state(engine, "idle"), before, exact=True)
     close_and_check(engine)

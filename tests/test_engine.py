@@ -25,6 +25,7 @@ from tests.support.engine import (
     drain,
     greedy,
     make_engine,
+    run_batch,
     run_turn,
     session_state,
     token_ids,
@@ -36,18 +37,6 @@ def pools(**kwargs) -> PoolConfig:
     base = dict(max_sessions=8, kv_tokens=4096, max_context=512, page_size=1)
     base.update(kwargs)
     return PoolConfig(**base)
-
-
-def run_batch(
-    engine: Engine, turns: dict[str, tuple[list[int], SamplingParams]]
-) -> dict[str, list[int]]:
-    """Submit one turn per session at once and step them together; tokens per session."""
-    rids = {engine.submit(sid, ids, sp).rid: sid for sid, (ids, sp) in turns.items()}
-    out: dict[str, list[int]] = {sid: [] for sid in turns}
-    for event in drain(engine):
-        assert event.error_code is None, event
-        out[rids[event.turn_id]] += event.token_ids
-    return out
 
 
 def step_until_tokens(engine: Engine, rid: int, n: int) -> tuple[list[int], list[TurnEvent]]:

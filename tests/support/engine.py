@@ -96,6 +96,18 @@ def run_turn(
     raise AssertionError(f"turn {req.rid} did not finish in {max_steps} steps")
 
 
+def run_batch(
+    engine: Engine, turns: dict[str, tuple[list[int], SamplingParams]]
+) -> dict[str, list[int]]:
+    """Submit one turn per session at once and step them together; tokens per session."""
+    rids = {engine.submit(sid, ids, sp).rid: sid for sid, (ids, sp) in turns.items()}
+    out: dict[str, list[int]] = {sid: [] for sid in turns}
+    for event in drain(engine):
+        assert event.error_code is None, event
+        out[rids[event.turn_id]] += event.token_ids
+    return out
+
+
 def assert_engine_at_capacity(engine: Engine) -> None:
     """Strict invariant (leaked == 0, allocator integrity) and every pool at capacity: what is
     not free is cached states only, and once they are evicted every pool is free."""
