@@ -48,12 +48,45 @@ install_tool() {  # NAME PACKAGE CONSTRAINTS
   fi
 }
 
-# The three installs run at once (most of their time is downloading and unpacking).
+# The Triton kernels of the cuda-kernels extra (mamba-ssm, flash-linear-attention) with Triton,
+# for the tests that run them on the CPU in Triton's interpreter (tests/test_triton_kernels.py).
+# They stay out of the venv's packages: only those tests put the directory on sys.path.
+# mamba-ssm's package cannot build here (its CUDA extension), so its Python files come from its
+# source release as they are; reading its metadata needs torch, hence after the project.
+TRITON_KERNELS=.venv/triton-kernels
+install_triton() {
+  local stamp="$TRITON_KERNELS/.installed-triton"
+  if [ ! -f "$stamp" ] || [ constraints.txt -nt "$stamp" ]; then
+    echo "[setup] installing triton and fla-core into $TRITON_KERNELS (pinned by constraints.txt)"
+    mkdir -p "$TRITON_KERNELS"
+    pip_install .venv constraints.txt --no-deps --upgrade --target "$TRITON_KERNELS" \
+      triton fla-core einops
+    touch "$stamp"
+  fi
+}
+install_mamba_ssm_source() {
+  local stamp="$TRITON_KERNELS/.installed-mamba-ssm" sdist
+  if [ ! -f "$stamp" ] || [ constraints.txt -nt "$stamp" ]; then
+    echo "[setup] unpacking mamba-ssm's Python files into $TRITON_KERNELS (pinned by constraints.txt)"
+    sdist=$(mktemp -d)
+    MAMBA_SKIP_CUDA_BUILD=TRUE .venv/bin/pip download --quiet --disable-pip-version-check \
+      -c constraints.txt --no-deps --no-binary :all: --no-build-isolation -d "$sdist" mamba-ssm \
+      2> >(grep -v "Location 'file:.*' is ignored" >&2)
+    tar -xzf "$sdist"/mamba_ssm-*.tar.gz -C "$sdist"
+    rm -rf "$TRITON_KERNELS/mamba_ssm"
+    cp -r "$sdist"/mamba_ssm-*/mamba_ssm "$TRITON_KERNELS/"
+    rm -rf "$sdist"
+    touch "$stamp"
+  fi
+}
+
+# The installs run at once (most of their time is downloading and unpacking).
 pids=()
 install_project & pids+=($!)
 if [ -n "$extras" ]; then
   install_tool checkov checkov constraints-checkov.txt & pids+=($!)
   install_tool agents openai-agents constraints-agents.txt & pids+=($!)
+  install_triton & pids+=($!)
 fi
 failed=0
 for pid in "${pids[@]}"; do
@@ -62,4 +95,7 @@ done
 if [ "$failed" -ne 0 ]; then
   echo "[setup] an install failed (see above)" >&2
   exit 1
+fi
+if [ -n "$extras" ]; then
+  install_mamba_ssm_source
 fi

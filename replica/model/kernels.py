@@ -4,7 +4,8 @@ mamba-ssm (SSD chunk scan, selective state update), causal-conv1d and flash-line
 (gated delta rule). Each ``<package>(t)`` test says whether its kernels serve tensor ``t``: on
 CUDA, package importable, and kernels not switched off with :func:`disabled` (how the GPU tests
 run the PyTorch reference path on the same device). The PyTorch code in the mixers is the
-reference these kernels are tested against (tests/gpu/).
+reference these kernels are tested against (tests/gpu/ on a GPU; on the CPU, mamba-ssm's Triton
+kernels under Triton's interpreter, with :func:`interpreted`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from functools import cache
 import torch
 
 _enabled = True
+_interpreted = False
 
 
 @contextlib.contextmanager
@@ -28,6 +30,19 @@ def disabled() -> Iterator[None]:
         yield
     finally:
         _enabled = before
+
+
+@contextlib.contextmanager
+def interpreted() -> Iterator[None]:
+    """Let mamba-ssm's kernels serve CPU tensors too: for a process that runs Triton's kernels
+    in its interpreter (``TRITON_INTERPRET=1`` before they are imported), as the CPU tests do.
+    flash-linear-attention's chunk kernel does not run there, and causal-conv1d is CUDA code."""
+    global _interpreted
+    before, _interpreted = _interpreted, True
+    try:
+        yield
+    finally:
+        _interpreted = before
 
 
 @cache
@@ -47,6 +62,8 @@ def causal_conv1d(t: torch.Tensor) -> bool:
 
 
 def mamba_ssm(t: torch.Tensor) -> bool:
+    if _interpreted and _enabled and not t.is_cuda:
+        return _module("mamba_ssm.ops.triton.ssd_combined") is not None
     return _serves(t, "mamba_ssm.ops.triton.ssd_combined")
 
 
@@ -97,26 +114,36 @@ def mamba_chunk_scan(
 
 
 def selective_state_update(
-    state: torch.Tensor,
+    ssm_buf: torch.Tensor,
+    slots: torch.Tensor,
     x: torch.Tensor,
     dt: torch.Tensor,
     A: torch.Tensor,
     B: torch.Tensor,
     C: torch.Tensor,
+    D: torch.Tensor,
 ) -> torch.Tensor:
-    """One Mamba2 step per row, ``state [B, h, p, n]`` updated in place; ``y`` without ``D``.
+    """One Mamba2 step per row, each row's state updated where it lives: ``ssm_buf[slots[b]]``
+    (``[slots, h, p, n]``, any float dtype; the kernel computes in float32 and rounds once).
+    Returns ``y = S C + D x`` ``[B, h, p]``.
 
-    ``x [B, h, p]``, ``dt [B, h]`` (final), ``A [h]``, ``B``/``C [B, g, n]``.
+    ``x [B, h, p]``, ``dt [B, h]`` (final), ``A [h]``, ``B``/``C [B, g, n]``, ``D [h]``. Slots
+    are distinct but for a padded batch's scratch slot. ``D`` and a zero ``dt_bias`` are always
+    passed: with ``A`` and ``dt`` broadcast over the head dimension, mamba-ssm's launcher reads
+    both unconditionally (2.2 to 2.3.2 fail without them).
     """
     update = _module("mamba_ssm.ops.triton.selective_state_update").selective_state_update
-    p, n = x.shape[-1], state.shape[-1]
+    p, n = x.shape[-1], ssm_buf.shape[-1]
     return update(
-        state,
+        ssm_buf,
         x,
         dt[..., None].expand(-1, -1, p),
         A[:, None, None].expand(-1, p, n),
         B,
         C,
+        D=D[:, None].expand(-1, p),
+        dt_bias=dt.new_zeros(1).expand(dt.shape[1], p),
+        state_batch_indices=slots,
     )
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from replica.model import LayerBuffers, build_tiny, kernels
+from replica.model import build_tiny, kernels
+from tests.support.mixer_workload import run_workload
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device: the fused kernels run only there"
@@ -27,35 +28,6 @@ CASES = {  # built-in -> (packages it needs, model dtype, tolerance)
     "tiny-falcon-h1": (MAMBA2, torch.float32, 1e-2),
     "tiny-qwen3-next": (("fla", "causal_conv1d"), torch.bfloat16, 5e-2),
 }
-STEPS = 6
-
-
-def _run(model, cfg, dtype: torch.dtype) -> tuple[torch.Tensor, LayerBuffers]:
-    """Rows of 3 (after a 20-token prefix), 70 and 130 new tokens, then ``STEPS`` decode steps."""
-    dev = torch.device("cuda")
-    gen = torch.Generator().manual_seed(0)
-    buffers = LayerBuffers.allocate(cfg, 4, 1024, dtype=dtype, device=dev)
-    mamba = torch.tensor([3, 0, 1])
-    model.forward_extend(
-        torch.randint(0, 256, (20,), generator=gen), 0, 3, torch.arange(20), buffers
-    )
-    starts, lengths = [20, 0, 0], [3, 70, 130]
-    slots = [
-        torch.cat([torch.arange(20), torch.arange(100, 109)]),
-        torch.arange(300, 376),
-        torch.arange(600, 736),
-    ]
-    ids = [torch.randint(0, 256, (n,), generator=gen) for n in lengths]
-    kv = [s[: start + n] for s, start, n in zip(slots, starts, lengths)]
-    logits = [model.forward_extend_batch(ids, starts, mamba, kv, buffers)]
-    table = torch.nn.utils.rnn.pad_sequence(slots, batch_first=True)
-    pos = torch.tensor([23, 70, 130])
-    for step in range(STEPS):
-        tokens = torch.randint(0, 256, (3,), generator=gen)
-        logits.append(
-            model.forward_decode(tokens, pos + step, mamba, table, pos + step + 1, buffers)
-        )
-    return torch.cat(logits).float().cpu(), buffers
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -78,10 +50,10 @@ def _compare(name: str, packages: tuple[str, ...], dtype: torch.dtype, tol: floa
     probe = torch.zeros(1, device="cuda", dtype=dtype)
     recurrent = kernels.fla(probe) if cfg.recurrent_kind == "deltanet" else kernels.mamba_ssm(probe)
     assert recurrent and kernels.causal_conv1d(probe)
-    got, got_state = _run(model, cfg, dtype)
+    got, got_state = run_workload(model, cfg, dtype, "cuda")
     with kernels.disabled():
         assert not kernels.causal_conv1d(probe)
-        want, want_state = _run(model, cfg, dtype)
+        want, want_state = run_workload(model, cfg, dtype, "cuda")
     torch.testing.assert_close(got, want, atol=tol, rtol=tol)
     for kind, gs, ws in zip(("conv", "ssm"), got_state[:2], want_state[:2]):
         for g, w in zip(gs, ws):

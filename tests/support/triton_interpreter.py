@@ -1,0 +1,58 @@
+"""Triton's interpreter on the CPU: the ``cuda-kernels`` extra's Triton kernels (mamba-ssm's,
+flash-linear-attention's) run on CPU tensors, so the calls the mixers make into them are tested
+where there is no GPU. ``scripts/setup.sh --dev`` puts the kernels and Triton in
+``.venv/triton-kernels``, apart from the venv's packages; :func:`interpreter` puts them on
+``sys.path`` for its duration.
+
+Only what the interpreter lacks is stood in for: mamba-ssm's package ``__init__`` is skipped (it
+imports the package's CUDA extension, which does not build here), so its Triton modules import
+alone; ``torch.cuda.device`` of a CPU tensor's device index (None) enters nothing; an autotuned
+kernel runs its first configuration (the interpreter has no benchmarker, and every configuration
+computes the same values).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from replica.model import kernels
+
+KERNELS = Path(__file__).resolve().parents[2] / ".venv" / "triton-kernels"
+
+
+@contextlib.contextmanager
+def interpreter() -> Iterator[None]:
+    """Triton kernels imported from here on run in the interpreter, and the model's mamba-ssm
+    kernels serve CPU tensors (:func:`replica.model.kernels.interpreted`)."""
+    for package in ("triton", "mamba_ssm", "fla"):
+        if not (KERNELS / package).is_dir():
+            raise RuntimeError(f"{KERNELS} lacks {package}: run scripts/setup.sh --dev")
+    patch = pytest.MonkeyPatch()
+    try:
+        patch.setenv("TRITON_INTERPRET", "1")  # read when a kernel is defined, at its import
+        patch.syspath_prepend(str(KERNELS))
+        mamba_ssm = types.ModuleType("mamba_ssm")
+        mamba_ssm.__path__ = [str(KERNELS / "mamba_ssm")]
+        patch.setitem(sys.modules, "mamba_ssm", mamba_ssm)
+        from triton.runtime.autotuner import Autotuner
+
+        patch.setattr(Autotuner, "prune_configs", lambda self, kwargs: self.configs[:1])
+        cuda_device = torch.cuda.device
+        patch.setattr(
+            torch.cuda,
+            "device",
+            lambda index: contextlib.nullcontext() if index is None else cuda_device(index),
+        )
+        with kernels.interpreted():
+            yield
+    finally:
+        patch.undo()
+        for name in [n for n in sys.modules if n.startswith("mamba_ssm.")]:
+            del sys.modules[name]
