@@ -6,8 +6,7 @@ with causal-conv1d and flash-linear-attention's chunk kernel, which the interpre
 - mamba-ssm's state update works in place in the pool, on the batch's slots only;
 - a whole model with mamba-ssm's chunk scan (prefill) and state update (decode) gives the
   PyTorch path's logits and state;
-- flash-linear-attention's recurrent step (its KDA kernel, which takes the slots) works in place
-  in the pool and gives the PyTorch gated delta step.
+- flash-linear-attention's recurrent step gives the PyTorch gated delta step.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import pytest
 import torch
 
 from replica.model import build_tiny, kernels
-from replica.model.deltanet import GatedDeltaNet
+from replica.model.delta_rule import gated_delta_step
 from replica.model.mamba2 import Mamba2Mixer
 from tests.support.mixer_workload import run_workload
 from tests.support.triton_interpreter import interpreter
@@ -34,8 +33,10 @@ def test_state_update_runs_in_place_on_the_batch_slots(state_dtype):
     mixer = next(m for m in model.modules() if isinstance(m, Mamba2Mixer))
     assert mixer.n_groups > 1
     gen = torch.Generator().manual_seed(1)
-    conv = torch.randn(9, *cfg.conv_state_shape, generator=gen)
-    ssm = torch.randn(9, *cfg.ssm_state_shape, generator=gen).to(state_dtype)
+    conv = torch.randn(9, mixer.conv_dim, cfg.mamba_d_conv - 1, generator=gen)
+    ssm = torch.randn(
+        9, mixer.n_heads, mixer.head_dim, mixer.d_state, generator=gen, dtype=torch.float32
+    ).to(state_dtype)
     h = torch.randn(3, cfg.hidden_size, generator=gen)
     slots = torch.tensor([5, 2, 8])
     got_conv, got_ssm = conv.clone(), ssm.clone()
@@ -71,29 +72,16 @@ def test_a_model_with_mamba_ssm_kernels_matches_the_pytorch_path(name):
             torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4, msg=kind)
 
 
-@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
-def test_the_deltanet_step_runs_in_place_on_the_batch_slots(state_dtype):
-    """flash-linear-attention's chunk kernel takes half precision only, so its kernels serve
-    half-precision models: tiny-qwen3-next in bfloat16."""
-    cfg, model, _ = build_tiny("tiny-qwen3-next")
-    model.to(torch.bfloat16)
-    mixer = next(m for m in model.modules() if isinstance(m, GatedDeltaNet))
+def test_the_gated_deltanet_recurrent_step_matches_the_pytorch_step():
     gen = torch.Generator().manual_seed(2)
-    conv = torch.randn(9, *cfg.conv_state_shape, generator=gen).to(state_dtype)
-    state = torch.randn(9, *cfg.ssm_state_shape, generator=gen).to(state_dtype)
-    h = torch.randn(3, cfg.hidden_size, generator=gen).to(torch.bfloat16)
-    slots = torch.tensor([5, 2, 8])
-    assert kernels.fla(h)
-    with torch.no_grad():
-        got_conv, got_state = conv.clone(), state.clone()
-        got = mixer.decode(h, got_conv, got_state, slots)
-        with kernels.disabled():
-            want_conv, want_state = conv.clone(), state.clone()
-            want = mixer.decode(h, want_conv, want_state, slots)
-    torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)
-    torch.testing.assert_close(got_conv, want_conv)
-    tol = 1e-5 if state_dtype == torch.float32 else 1e-2
-    torch.testing.assert_close(got_state.float(), want_state.float(), atol=tol, rtol=tol)
-    others = [s for s in range(9) if s not in slots.tolist()]
-    assert torch.equal(got_state[others], state[others]), "a slot outside the batch changed"
-    assert not torch.equal(got_state[slots], state[slots])
+    b, h, dk, dv = 3, 2, 16, 8
+    q, k = (torch.randn(b, h, dk, generator=gen) for _ in range(2))
+    k = torch.nn.functional.normalize(k, dim=-1)
+    v = torch.randn(b, h, dv, generator=gen)
+    g = torch.nn.functional.logsigmoid(torch.randn(b, h, generator=gen))
+    beta = torch.rand(b, h, generator=gen)
+    state = torch.randn(b, h, dk, dv, generator=gen)
+    got, got_state = kernels.recurrent_gated_delta_rule(q, k, v, g, beta, state.clone())
+    want, want_state = gated_delta_step(q, k, v, g, beta, state.clone())
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_state, want_state, atol=1e-5, rtol=1e-5)

@@ -133,10 +133,10 @@ class GatedDeltaNet(nn.Module):
         if rows is not None:  # CPU float32 state only (``StateRows``), where no kernel runs
             o = gated_delta_step_in_place(q, k, v, g, beta, rows, state_buf, slots)
             return self._out(o, z, h.dtype)
-        if kernels.fla(h):  # in place in the pool, by slot
-            o = kernels.recurrent_gated_delta_rule(q, k, v, g, beta, state_buf, slots)
-            return self._out(o, z, h.dtype)
         state = state_buf.index_select(0, slots).float()  # a copy, updated in place
-        o, state = gated_delta_step(q, k, v, g, beta, state)
+        if kernels.fla(h):
+            o, state = kernels.recurrent_gated_delta_rule(q, k, v, g, beta, state)
+        else:
+            o, state = gated_delta_step(q, k, v, g, beta, state)
         state_buf.index_copy_(0, slots, state.to(state_buf.dtype))
         return self._out(o, z, h.dtype)

@@ -34,10 +34,9 @@ def disabled() -> Iterator[None]:
 
 @contextlib.contextmanager
 def interpreted() -> Iterator[None]:
-    """Let the Triton kernels (mamba-ssm's, flash-linear-attention's) serve CPU tensors too: for
-    a process that runs them in Triton's interpreter (``TRITON_INTERPRET=1`` before they are
-    imported), as the CPU tests do. flash-linear-attention's chunk kernel does not run there (its
-    prefill), and causal-conv1d is CUDA code."""
+    """Let mamba-ssm's kernels serve CPU tensors too: for a process that runs Triton's kernels
+    in its interpreter (``TRITON_INTERPRET=1`` before they are imported), as the CPU tests do.
+    flash-linear-attention's chunk kernel does not run there, and causal-conv1d is CUDA code."""
     global _interpreted
     before, _interpreted = _interpreted, True
     try:
@@ -55,15 +54,16 @@ def _module(name: str):
 
 
 def _serves(t: torch.Tensor, module: str) -> bool:
-    on_device = t.is_cuda or _interpreted
-    return _enabled and on_device and _module(module) is not None
+    return _enabled and t.is_cuda and _module(module) is not None
 
 
 def causal_conv1d(t: torch.Tensor) -> bool:
-    return _enabled and t.is_cuda and _module("causal_conv1d") is not None
+    return _serves(t, "causal_conv1d")
 
 
 def mamba_ssm(t: torch.Tensor) -> bool:
+    if _interpreted and _enabled and not t.is_cuda:
+        return _module("mamba_ssm.ops.triton.ssd_combined") is not None
     return _serves(t, "mamba_ssm.ops.triton.ssd_combined")
 
 
@@ -178,28 +178,18 @@ def recurrent_gated_delta_rule(
     v: torch.Tensor,
     g: torch.Tensor,
     beta: torch.Tensor,
-    state_buf: torch.Tensor,
-    slots: torch.Tensor,
-) -> torch.Tensor:
-    """:func:`replica.model.delta_rule.gated_delta_step` of each row, its state updated where it
-    lives: ``state_buf[slots[b]]`` (``[slots, h, dk, dv]``, any float dtype; the kernel computes in
-    float32). ``q``/``k [b, h, dk]``, ``v [b, h, dv]``, ``g``/``beta [b, h]``; returns ``o``.
-
-    flash-linear-attention's gated-delta-rule kernels take no slots; its KDA recurrent kernel
-    does (continuous batching), and with the same decay for every key channel KDA's step is the
-    gated delta rule's: ``g`` is broadcast over ``dk``.
-    """
-    step = _module("fla.ops.kda.fused_recurrent").fused_recurrent_kda_fwd
-    b, h, dk = k.shape
-    out, _ = step(
+    initial_state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`replica.model.delta_rule.gated_delta_step` by flash-linear-attention."""
+    rule = _module("fla.ops.gated_delta_rule").fused_recurrent_gated_delta_rule
+    out, final = rule(
         q[:, None].contiguous(),
         k[:, None].contiguous(),
         v[:, None].contiguous(),
-        g[:, None, :, None].expand(b, 1, h, dk).contiguous(),
-        beta[:, None].contiguous(),
-        initial_state=state_buf,
+        g=g[:, None].contiguous(),
+        beta=beta[:, None].contiguous(),
         scale=1.0,
-        inplace_final_state=True,
-        ssm_state_indices=slots,
+        initial_state=initial_state.contiguous(),
+        output_final_state=True,
     )
-    return out[:, 0].float()
+    return out[:, 0].float(), final.float()
