@@ -3,7 +3,8 @@ Triton's interpreter (``tests.support.triton_interpreter``): the kernels' own co
 against the PyTorch path they replace. The GPU runs the same and more (tests/gpu/test_kernels.py,
 with causal-conv1d and flash-linear-attention's chunk kernel, which the interpreter cannot run).
 
-- mamba-ssm's state update works in place in the pool, on the batch's slots only;
+- mamba-ssm's state update gives the PyTorch step, on the batch's slots only, and rows that share
+  a slot (a padded batch's rows on the scratch slot) agree;
 - a whole model with mamba-ssm's chunk scan (prefill) and state update (decode) gives the
   PyTorch path's logits and state;
 - flash-linear-attention's recurrent step gives the PyTorch gated delta step.
@@ -28,7 +29,7 @@ def triton_interpreter():
 
 
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
-def test_state_update_runs_in_place_on_the_batch_slots(state_dtype):
+def test_state_update_changes_the_batch_slots_only(state_dtype):
     cfg, model, _ = build_tiny("tiny-nemotron-h")  # two groups of heads
     mixer = next(m for m in model.modules() if isinstance(m, Mamba2Mixer))
     assert mixer.n_groups > 1
@@ -55,6 +56,26 @@ def test_state_update_runs_in_place_on_the_batch_slots(state_dtype):
     others = [s for s in range(9) if s not in slots.tolist()]
     assert torch.equal(got_ssm[others], ssm[others]), "a slot outside the batch changed"
     assert not torch.equal(got_ssm[slots], ssm[slots])
+
+
+def test_rows_on_one_slot_agree():
+    """A padded batch's padding rows: the same input on the scratch slot. Each must read the
+    slot's state before the step (all give the same output, and the slot holds one step's
+    update), as the graphs' check of a replay against the eager step needs; an update in place
+    in the pool would let a row read what another wrote."""
+    cfg, model, _ = build_tiny("tiny-bamba")
+    mixer = next(m for m in model.modules() if isinstance(m, Mamba2Mixer))
+    gen = torch.Generator().manual_seed(3)
+    conv = torch.randn(4, *cfg.conv_state_shape, generator=gen)
+    ssm = torch.randn(4, *cfg.ssm_state_shape, generator=gen)
+    h = torch.randn(1, cfg.hidden_size, generator=gen)
+    with torch.no_grad():
+        one_conv, one_ssm = conv.clone(), ssm.clone()
+        one = mixer.decode(h, one_conv, one_ssm, torch.tensor([3]))
+        rows = mixer.decode(h.expand(4, -1), conv, ssm, torch.tensor([3, 3, 3, 3]))
+    for row in rows:
+        torch.testing.assert_close(row, one[0], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(ssm, one_ssm, atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("name", ["tiny-bamba", "tiny-nemotron-h"])

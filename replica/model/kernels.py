@@ -114,8 +114,7 @@ def mamba_chunk_scan(
 
 
 def selective_state_update(
-    ssm_buf: torch.Tensor,
-    slots: torch.Tensor,
+    state: torch.Tensor,
     x: torch.Tensor,
     dt: torch.Tensor,
     A: torch.Tensor,
@@ -123,19 +122,20 @@ def selective_state_update(
     C: torch.Tensor,
     D: torch.Tensor,
 ) -> torch.Tensor:
-    """One Mamba2 step per row, each row's state updated where it lives: ``ssm_buf[slots[b]]``
-    (``[slots, h, p, n]``, any float dtype; the kernel computes in float32 and rounds once).
-    Returns ``y = S C + D x`` ``[B, h, p]``.
+    """One Mamba2 step per row, ``state [B, h, p, n]`` updated in place; ``y = S C + D x``.
 
-    ``x [B, h, p]``, ``dt [B, h]`` (final), ``A [h]``, ``B``/``C [B, g, n]``, ``D [h]``. Slots
-    are distinct but for a padded batch's scratch slot. ``D`` and a zero ``dt_bias`` are always
-    passed: with ``A`` and ``dt`` broadcast over the head dimension, mamba-ssm's launcher reads
-    both unconditionally (2.2 to 2.3.2 fail without them).
+    ``x [B, h, p]``, ``dt [B, h]`` (final), ``A [h]``, ``B``/``C [B, g, n]``, ``D [h]``. ``D`` and
+    a zero ``dt_bias`` are always passed: with ``A`` and ``dt`` broadcast over the head
+    dimension, mamba-ssm's launcher reads both unconditionally (2.2 to 2.3.2 fail without them).
+
+    The state is the batch's gathered copy, not the pool: the kernel takes slot indices, but a
+    padded batch's rows share the scratch slot, and updated in place there each row would read
+    what another wrote, so the padding rows would stop agreeing with each other.
     """
     update = _module("mamba_ssm.ops.triton.selective_state_update").selective_state_update
-    p, n = x.shape[-1], ssm_buf.shape[-1]
+    p, n = x.shape[-1], state.shape[-1]
     return update(
-        ssm_buf,
+        state,
         x,
         dt[..., None].expand(-1, -1, p),
         A[:, None, None].expand(-1, p, n),
@@ -143,7 +143,6 @@ def selective_state_update(
         C,
         D=D[:, None].expand(-1, p),
         dt_bias=dt.new_zeros(1).expand(dt.shape[1], p),
-        state_batch_indices=slots,
     )
 
 

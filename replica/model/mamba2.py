@@ -5,8 +5,7 @@ the chunked SSD algorithm from the state in each sequence's slot: padding is mad
 ``dt`` is 0, so it adds no input and no decay; the conv is causal) and each row's final conv state
 is read at its own last real positions. :meth:`Mamba2Mixer.decode` runs one token of each of a
 batch of sequences with the single-step recurrence, updating each row's state in its slot (in
-place when given its ``StateRows`` or by mamba-ssm's kernel, which takes the slots; else on a copy
-written back).
+place when given its ``StateRows``, else on a copy written back).
 The SSM runs in float32 whatever the model dtype; on CUDA, mamba-ssm's kernels when installed.
 """
 
@@ -163,8 +162,10 @@ class Mamba2Mixer(nn.Module):
         C = C.float().reshape(batch, self.n_groups, self.d_state)
         dt = self._dt(dt)  # [B, h]
         A = -torch.exp(self.A_log.float())
-        if kernels.mamba_ssm(h):  # in place in the pool, by slot
-            y = kernels.selective_state_update(ssm_buf, slots, x, dt, A, B, C, self.D.float())
+        if kernels.mamba_ssm(h):
+            state = ssm_buf.index_select(0, slots).float()  # [B, h, p, n], a copy
+            y = kernels.selective_state_update(state, x, dt, A, B, C, self.D.float())
+            ssm_buf.index_copy_(0, slots, state.to(ssm_buf.dtype))
         else:
             y = self._ssm_step(x, dt, A, B, C, ssm_buf, slots, rows)
             y = torch.addcmul(y, self.D.float()[:, None], x)
