@@ -34,10 +34,8 @@ def test_state_update_changes_the_batch_slots_only(state_dtype):
     mixer = next(m for m in model.modules() if isinstance(m, Mamba2Mixer))
     assert mixer.n_groups > 1
     gen = torch.Generator().manual_seed(1)
-    conv = torch.randn(9, mixer.conv_dim, cfg.mamba_d_conv - 1, generator=gen)
-    ssm = torch.randn(
-        9, mixer.n_heads, mixer.head_dim, mixer.d_state, generator=gen, dtype=torch.float32
-    ).to(state_dtype)
+    conv = torch.randn(9, *cfg.conv_state_shape, generator=gen)
+    ssm = torch.randn(9, *cfg.ssm_state_shape, generator=gen).to(state_dtype)
     h = torch.randn(3, cfg.hidden_size, generator=gen)
     slots = torch.tensor([5, 2, 8])
     got_conv, got_ssm = conv.clone(), ssm.clone()

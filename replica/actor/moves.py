@@ -92,16 +92,16 @@ class MoveCalls:
         self.call_faults.raise_if("import_fails", "import_sessions")
         records = [await part if isinstance(part, ray.ObjectRef) else part for part in parts]
         await self.call_faults.hold_if(
-            "import_lands_late", lambda: self._current_router() not in (None, router), LATE_S
+            "import_lands_late", lambda: self._sent_by_another(router), LATE_S
         )
         # no await between this check and the engine command: a registration with a restarted
         # router reads the sessions after ``router_incarnation`` changed, so an import either
         # lands before that read (the new router sees its copy) or is refused here
-        current = self._current_router()
-        if router is not None and current is not None and router != current:
+        if self._sent_by_another(router):
             why = (
-                f"a move sent by router {router}, which has been replaced (by {current}): "
-                "nothing imported; the sessions go on from their source"
+                f"a move sent by router {router}, which has been replaced (by "
+                f"{self.reporter.router_incarnation}): nothing imported; the sessions go on "
+                "from their source"
             )
             log.warning("import of %d session(s) refused: %s", len(records), why)
             return ActorError(StatusCode.FAILED_PRECONDITION, why)
@@ -112,5 +112,8 @@ class MoveCalls:
             await self.checkpoints.durable([info.session_id for info in imported.opened])
         return imported
 
-    def _current_router(self) -> str | None:
-        return None if self.reporter is None else self.reporter.router_incarnation
+    def _sent_by_another(self, router: str | None) -> bool:
+        """Whether ``router`` (None: not checked) is not the router this replica reports to
+        now (None until a router answered)."""
+        current = None if self.reporter is None else self.reporter.router_incarnation
+        return router is not None and current not in (None, router)

@@ -53,8 +53,10 @@ def _module(name: str):
         return None
 
 
-def _serves(t: torch.Tensor, module: str) -> bool:
-    return _enabled and t.is_cuda and _module(module) is not None
+def _serves(t: torch.Tensor, module: str, triton: bool = False) -> bool:
+    """``triton``: the package's kernels are Triton's, which the interpreter runs on the CPU."""
+    on_device = t.is_cuda or (triton and _interpreted)
+    return _enabled and on_device and _module(module) is not None
 
 
 def causal_conv1d(t: torch.Tensor) -> bool:
@@ -62,9 +64,7 @@ def causal_conv1d(t: torch.Tensor) -> bool:
 
 
 def mamba_ssm(t: torch.Tensor) -> bool:
-    if _interpreted and _enabled and not t.is_cuda:
-        return _module("mamba_ssm.ops.triton.ssd_combined") is not None
-    return _serves(t, "mamba_ssm.ops.triton.ssd_combined")
+    return _serves(t, "mamba_ssm.ops.triton.ssd_combined", triton=True)
 
 
 def fla(t: torch.Tensor) -> bool:
