@@ -21,11 +21,14 @@ class Background:
     def __init__(self) -> None:
         self._tasks: set[asyncio.Task] = set()
 
-    def spawn(self, awaitable: Awaitable) -> None:
-        """Run ``awaitable`` (a coroutine or an actor call) to its end on the running loop."""
+    def spawn(self, awaitable: Awaitable) -> asyncio.Task:
+        """Run ``awaitable`` (a coroutine or an actor call) to its end on the running loop; its
+        task, for a caller that must know when it has ended (``asyncio.wait`` it: a cancelled
+        waiter then leaves it running)."""
         task = asyncio.get_running_loop().create_task(_logged(awaitable))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def drain(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for the cleanups still running."""

@@ -13,11 +13,14 @@ is fed like any item: only that part enters the state). Anything else that makes
 disagree with the rendering (deleting further back, new instructions, a lost state) is
 ``stale``: the next response replays the whole rendering into a fresh session.
 
-The connection owns every session here: ``close`` releases them all (idempotent).
+The connection owns every session here: ``close`` releases them all (idempotent). A session
+it lets go of is released in the background; a response waits for those releases (``settled``)
+before it is submitted, since the room they free is its fork's.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from protos import session_router_pb2 as pb
@@ -48,6 +51,7 @@ class LiveConversation:
         self.folded = 0  # items[:folded] are what those tokens render
         self.stale = False
         self.checkpoint: Checkpoint | None = None
+        self.releasing: set[asyncio.Task] = set()  # background releases not yet landed
         self.gw.leases.hold(route)
 
     @classmethod
@@ -104,7 +108,7 @@ class LiveConversation:
         point = self.checkpoint
         if point is not None and index >= point.folded:
             self.checkpoint = None
-            self.gw.background.spawn(self.release(self.route))
+            self.release_soon(self.route)
             self.route, self.held, self.folded = point.route, point.held, point.folded
         else:
             self.stale = True
@@ -120,7 +124,7 @@ class LiveConversation:
         before its own is taken (``retire``), so a connection never holds more than two
         sessions."""
         if self.checkpoint is not None:
-            self.gw.background.spawn(self.release(self.checkpoint.route))
+            self.release_soon(self.checkpoint.route)
             self.checkpoint = None
 
     def retire(self, route: Route, released: bool) -> None:
@@ -131,7 +135,20 @@ class LiveConversation:
             self.gw.leases.drop(route.session_id)
             self.gw.released_there(route)
         else:
-            self.gw.background.spawn(self.release(route))
+            self.release_soon(route)
+
+    def release_soon(self, route: Route) -> None:
+        """Release one of this connection's sessions in the background (``settled`` waits)."""
+        task = self.gw.background.spawn(self.release(route))
+        self.releasing.add(task)
+        task.add_done_callback(self.releasing.discard)
+
+    async def settled(self) -> None:
+        """Wait until the sessions let go of are released on their replicas: a fork taken
+        earlier would find a full replica still holding one, and the response would go without
+        its rollback point."""
+        if self.releasing:
+            await asyncio.wait(set(self.releasing))
 
     async def release(self, route: Route) -> None:
         """Release one of this connection's sessions (no longer held by its lease)."""
@@ -142,7 +159,7 @@ class LiveConversation:
         """Release the session and its checkpoint in the background (survives cancellation)."""
         self.drop_checkpoint()
         if self.route is not None:
-            self.gw.background.spawn(self.release(self.route))
+            self.release_soon(self.route)
             self.route = None
 
 

@@ -156,10 +156,12 @@ class ResponseRun:
         """Submit the turn (``self.stream``) with the conversation, which the replica renders
         in the same call; its prompt. The new rollback point is forked by the replica in the
         submit's own command, which releases the previous one first (its room is the new
-        one's): no round trip, and no step boundary, of their own before the prefill. A
-        rendering that does not continue the state held (the template rewrote the past) is
-        submitted again into a fresh session, with the whole conversation."""
+        one's): no round trip, and no step boundary, of their own before the prefill. It waits
+        for the connection's background releases first (a rolled-back session's room is the
+        fork's too). A rendering that does not continue the state held (the template rewrote
+        the past) is submitted again into a fresh session, with the whole conversation."""
         conv = self.conv
+        await conv.settled()
         previous, conv.checkpoint = conv.checkpoint, None
         replaced = False
         try:
