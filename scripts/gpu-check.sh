@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The checks that need a GPU, in one run: scripts/gpu-check.sh [--quick]
+# The checks that need a GPU, in one run: scripts/gpu-check.sh [--quick] [--bundle DIR]
 #
 #   1. the fused-kernel and GPU pool tests (tests/gpu/): fail unless every one runs, none skipped
 #      (a missing `cuda-kernels` extra skips them: install it, `pip install -e .[cuda-kernels]`);
@@ -9,6 +9,12 @@
 #      fixture on CUDA (SESSION_ROUTER_TEST_DEVICE=cuda; their decode steps run as CUDA graphs);
 #   3. bench.decode, bench.step_calls, bench.park_restore and bench.vs_transformers on the GPU,
 #      their tables printed.
+# Every step runs (a GPU's time is scarce: one run tells everything); the failed ones are listed
+# at the end and the check fails. None of it needs Ray.
+#
+# --bundle DIR: a directory made by scripts/gpu-bundle.sh, for a machine that has PyTorch and
+# Triton but not the extra and cannot download it: its Python files go on PYTHONPATH, and
+# causal-conv1d is built from its source for this GPU first (scripts/causal_conv1d_build.py).
 #
 # Fails at once, saying why, on a machine without CUDA. Python: $PYTHON, else .venv/bin/python.
 # Logs and JUnit reports go to $GPU_CHECK_OUT (default: a fresh temporary directory).
@@ -16,18 +22,27 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 QUICK=()
-[ "${1:-}" = "--quick" ] && QUICK=(--quick)
+BUNDLE=
+while [ $# -gt 0 ]; do
+    case $1 in
+        --quick) QUICK=(--quick) ;;
+        --bundle) BUNDLE=$(cd "$2" && pwd); shift ;;
+        *) echo "usage: scripts/gpu-check.sh [--quick] [--bundle DIR]" >&2; exit 2 ;;
+    esac
+    shift
+done
 OUT=${GPU_CHECK_OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
 
+FAILED=()
 fail() {
     echo "gpu-check: FAILED: $*" >&2
-    exit 1
+    FAILED+=("$*")
 }
 step() { echo; echo "=== gpu-check: $* ==="; }
 
 step "CUDA"
-"$PY" - <<'EOF' || fail "no CUDA device here: this check runs only where torch sees a GPU"
+"$PY" - <<'EOF' || { fail "no CUDA device here: this check runs only where torch sees a GPU"; exit 1; }
 import sys
 
 import torch
@@ -41,13 +56,28 @@ print(f"{props.name}, {props.total_memory / 2**30:.0f} GiB, sm_{props.major}{pro
       f"torch {torch.__version__}, CUDA {torch.version.cuda}")
 EOF
 
+if [ -n "$BUNDLE" ]; then
+    step "the bundle's kernels ($BUNDLE)"
+    export PYTHONPATH="$BUNDLE/python${PYTHONPATH:+:$PYTHONPATH}"
+    if ! "$PY" -c "import causal_conv1d" 2> /dev/null; then
+        for sdist in "$BUNDLE"/causal_conv1d-*.tar.gz; do
+            timeout 420 "$PY" scripts/causal_conv1d_build.py "$sdist" "$BUNDLE/python" \
+                > "$OUT/causal-conv1d-build.log" 2>&1 \
+                || fail "causal-conv1d's build (log: $OUT/causal-conv1d-build.log)"
+            tail -n 1 "$OUT/causal-conv1d-build.log"
+        done
+    fi
+    "$PY" -c "import mamba_ssm.ops.triton.ssd_combined, fla.ops.gated_delta_rule, causal_conv1d" \
+        || fail "the bundle's kernels do not import"
+fi
+
 # pytest with a JUnit report; fails unless everything passed and nothing was skipped.
 run_tests() {
     local name=$1
     shift
     local report="$OUT/$name.xml"
     "$PY" -m pytest -q -rs -p no:cacheprovider --junitxml="$report" "$@" \
-        || fail "$name: tests failed (report: $report)"
+        || { fail "$name: tests failed (report: $report)"; return; }
     "$PY" - "$report" <<'EOF' || fail "$name: tests were skipped; every one must run on a GPU"
 import sys
 import xml.etree.ElementTree as ET
@@ -70,7 +100,7 @@ run_tests engine-on-cuda \
     tests/test_engine_state_machine.py tests/test_batched_prefill.py \
     tests/test_pools.py tests/test_pool_state_machine.py tests/test_slot_allocator.py \
     tests/test_state_copy.py tests/test_parking.py tests/test_parking_exact.py \
-    tests/test_migration_exact.py tests/test_checkpoint_accounting.py \
+    tests/test_migration_exact.py \
     tests/test_decode_padding.py tests/test_decode_graphs.py \
     tests/models/test_family_engine.py tests/models/test_family_dtypes.py
 unset SESSION_ROUTER_TEST_DEVICE
@@ -91,4 +121,9 @@ ROUNDS=3
     | tee "$OUT/bench-vs-transformers.txt" || fail "bench.vs_transformers"
 
 echo
+if [ ${#FAILED[@]} -gt 0 ]; then
+    echo "gpu-check: FAILED (logs in $OUT):"
+    printf '  - %s\n' "${FAILED[@]}"
+    exit 1
+fi
 echo "gpu-check: passed (logs in $OUT)"

@@ -52,7 +52,9 @@ install_tool() {  # NAME PACKAGE CONSTRAINTS
 # for the tests that run them on the CPU in Triton's interpreter (tests/test_triton_kernels.py).
 # They stay out of the venv's packages: only those tests put the directory on sys.path.
 # mamba-ssm's package cannot build here (its CUDA extension), so its Python files come from its
-# source release as they are; reading its metadata needs torch, hence after the project.
+# source release, with an __init__ that leaves the extension out (the Triton kernels import
+# alone); reading its metadata needs torch, hence after the project. scripts/gpu-bundle.sh
+# carries the same files to a GPU machine.
 TRITON_KERNELS=.venv/triton-kernels
 install_triton() {
   local stamp="$TRITON_KERNELS/.installed-triton"
@@ -65,7 +67,7 @@ install_triton() {
   fi
 }
 install_mamba_ssm_source() {
-  local stamp="$TRITON_KERNELS/.installed-mamba-ssm" sdist
+  local stamp="$TRITON_KERNELS/.installed-mamba-ssm-triton" sdist
   if [ ! -f "$stamp" ] || [ constraints.txt -nt "$stamp" ]; then
     echo "[setup] unpacking mamba-ssm's Python files into $TRITON_KERNELS (pinned by constraints.txt)"
     sdist=$(mktemp -d)
@@ -75,6 +77,10 @@ install_mamba_ssm_source() {
     tar -xzf "$sdist"/mamba_ssm-*.tar.gz -C "$sdist"
     rm -rf "$TRITON_KERNELS/mamba_ssm"
     cp -r "$sdist"/mamba_ssm-*/mamba_ssm "$TRITON_KERNELS/"
+    cat > "$TRITON_KERNELS/mamba_ssm/__init__.py" <<'INIT'
+"""mamba-ssm's Triton kernels alone: its own __init__ imports its CUDA extension, which is not
+built here (scripts/setup.sh)."""
+INIT
     rm -rf "$sdist"
     touch "$stamp"
   fi

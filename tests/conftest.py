@@ -36,17 +36,12 @@ from router.ops import ray_join  # noqa: E402
 ray_join.prepare(None)  # before Ray is imported: the suite's local Ray stays on loopback
 
 import pytest  # noqa: E402
-import ray  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
-from router.ops.serve import quiet_ray_start_up  # noqa: E402
 from tests.support.device import ENV, check_test_device, device_under_test  # noqa: E402
-from tests.support.servers import (  # noqa: E402
-    TENANTS,
-    api_keys_file,
-    grpc_client,
-    serve_cluster,
-)
+
+# Ray and the servers are imported by the fixtures that use them: the engine, pool and model
+# tests run where Ray is not installed (scripts/gpu-check.sh on a GPU machine's own Python).
 
 settings.register_profile(
     "ci",
@@ -80,6 +75,10 @@ def pytest_report_header(config) -> str:
 @pytest.fixture(scope="session")
 def ray_cluster():
     """A new local Ray for every end-to-end test of this process (on loopback, no dashboard)."""
+    import ray
+
+    from router.ops.serve import quiet_ray_start_up
+
     if not ray.is_initialized():
         quiet_ray_start_up()
         ray.init(
@@ -100,6 +99,8 @@ def tenants_server(ray_cluster, tmp_path_factory):
     what each tenant may do. One per module, stopped at its end: a server that lived for the
     whole session would hold its replicas' CPU share, and later modules' replicas could not be
     placed."""
+    from tests.support.servers import TENANTS, api_keys_file, serve_cluster
+
     keys = api_keys_file(tmp_path_factory.mktemp("keys"), TENANTS)
     with serve_cluster(api_keys=keys, open_timeout_s=1.0) as srv:
         yield srv
@@ -109,5 +110,7 @@ def tenants_server(ray_cluster, tmp_path_factory):
 def client(server):
     """A gRPC client of the module's ``server`` fixture, closed after the test (a module with
     other clients defines its own)."""
+    from tests.support.servers import grpc_client
+
     with grpc_client(server.address) as c:
         yield c

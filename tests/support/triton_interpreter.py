@@ -4,18 +4,17 @@ where there is no GPU. ``scripts/setup.sh --dev`` puts the kernels and Triton in
 ``.venv/triton-kernels``, apart from the venv's packages; :func:`interpreter` puts them on
 ``sys.path`` for its duration.
 
-Only what the interpreter lacks is stood in for: mamba-ssm's package ``__init__`` is skipped (it
-imports the package's CUDA extension, which does not build here), so its Triton modules import
-alone; ``torch.cuda.device`` of a CPU tensor's device index (None) enters nothing; an autotuned
-kernel runs its first configuration (the interpreter has no benchmarker, and every configuration
-computes the same values).
+mamba-ssm's package there is its Triton modules with an ``__init__`` that leaves its CUDA
+extension out (it does not build here), as scripts/gpu-bundle.sh carries it to a GPU machine.
+Only what the interpreter lacks is stood in for: ``torch.cuda.device`` of a CPU tensor's device
+index (None) enters nothing; an autotuned kernel runs its first configuration (the interpreter
+has no benchmarker, and every configuration computes the same values).
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
-import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,9 +37,6 @@ def interpreter() -> Iterator[None]:
     try:
         patch.setenv("TRITON_INTERPRET", "1")  # read when a kernel is defined, at its import
         patch.syspath_prepend(str(KERNELS))
-        mamba_ssm = types.ModuleType("mamba_ssm")
-        mamba_ssm.__path__ = [str(KERNELS / "mamba_ssm")]
-        patch.setitem(sys.modules, "mamba_ssm", mamba_ssm)
         from triton.runtime.autotuner import Autotuner
 
         patch.setattr(Autotuner, "prune_configs", lambda self, kwargs: self.configs[:1])
@@ -54,5 +50,5 @@ def interpreter() -> Iterator[None]:
             yield
     finally:
         patch.undo()
-        for name in [n for n in sys.modules if n.startswith("mamba_ssm.")]:
+        for name in [n for n in sys.modules if n.split(".")[0] == "mamba_ssm"]:
             del sys.modules[name]
