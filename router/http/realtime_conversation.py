@@ -32,6 +32,8 @@ from router.http.errors import ApiError
 from router.http.realtime_events import item_text
 from router.http.turns import Turns
 
+SETTLE_WAIT_S = 5.0  # the longest a response waits for its connection's releases to land
+
 
 @dataclass(slots=True)
 class Checkpoint:
@@ -144,11 +146,12 @@ class LiveConversation:
         task.add_done_callback(self.releasing.discard)
 
     async def settled(self) -> None:
-        """Wait until the sessions let go of are released on their replicas: a fork taken
+        """Wait until the sessions let go of are released on their replicas (at most
+        ``SETTLE_WAIT_S``: a replica that does not answer holds no response up): a fork taken
         earlier would find a full replica still holding one, and the response would go without
         its rollback point."""
         if self.releasing:
-            await asyncio.wait(set(self.releasing))
+            await asyncio.wait(set(self.releasing), timeout=SETTLE_WAIT_S)
 
     async def release(self, route: Route) -> None:
         """Release one of this connection's sessions (no longer held by its lease)."""
