@@ -81,7 +81,10 @@ def _decode(model, graphs, pool, seqs, active: int, step: int, shapes: DecodeSha
     slots = torch.tensor([s.mamba_pool_idx for s in seqs] + [pool.mamba_pool.scratch_slot] * pad)
     kv = pool.req_to_token[rows, : shapes.width(int(positions.max()) + 1)]
     if graphs is None:
-        logits = model.forward_decode(ids, positions, slots, kv, positions + 1, pool.buffers)
+        scratch = pool.mamba_pool.scratch_slot
+        logits = model.forward_decode(
+            ids, positions, slots, kv, positions + 1, pool.buffers, None, scratch
+        )
     else:
         logits = graphs.forward(ids, positions, slots, kv)
     return logits[:active].clone()

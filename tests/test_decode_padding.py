@@ -4,11 +4,13 @@ every turn the tokens and state of the unpadded engine while no other session's 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from replica.api import SamplingParams
 from replica.config import PoolConfig
 from replica.engine.decode_shapes import DecodeShapes
+from replica.model import build_tiny
 from tests.support.engine import (
     assert_same_state,
     close_and_check,
@@ -69,9 +71,15 @@ def test_scratch_entries_lie_beyond_every_allocator():
     pool.check_integrity()
 
 
-def _engine(pad: bool):
+def _engine(pad: bool, name: str = "tiny-bamba"):
     pools = PoolConfig(max_sessions=8, kv_tokens=4096, max_context=512, page_size=16)
-    return make_engine(pools, max_prefill_chunk=16, pad_decode=pad)
+    return make_engine(pools, build_tiny(name, seed=0), max_prefill_chunk=16, pad_decode=pad)
+
+
+def _scratch_state(engine) -> list[torch.Tensor]:
+    """The temporal state of the mamba pool's scratch slot, every recurrent layer."""
+    scratch = engine.pool.mamba_pool.scratch_slot
+    return [buf[scratch].clone() for buf in engine.pool.buffers.ssm]
 
 
 def _turns(seed: int) -> dict[str, tuple[list[int], SamplingParams]]:
@@ -83,15 +91,21 @@ def _turns(seed: int) -> dict[str, tuple[list[int], SamplingParams]]:
     }
 
 
-def test_padded_steps_give_each_turn_the_unpadded_tokens_and_state():
+@pytest.mark.parametrize("name", ["tiny-bamba", "tiny-qwen3-next"])
+def test_padded_steps_give_each_turn_the_unpadded_tokens_and_state(name):
+    """Mamba2 and gated DeltaNet layers alike; the padding rows, marked inert, leave even the
+    scratch slot's temporal state as it was (on a GPU the state is updated in place, where rows
+    sharing a slot must not change it)."""
     results = []
     for pad in (False, True):
-        engine = _engine(pad)
+        engine = _engine(pad, name)
         assert engine.runner.shapes.pads == pad
+        scratch = _scratch_state(engine)
         for sid in "abc":
             engine.open_session(sid)
         tokens = [run_batch(engine, _turns(10)), run_batch(engine, _turns(20))]
         results.append((tokens, {sid: session_state(engine, sid) for sid in "abc"}))
+        assert all(map(torch.equal, _scratch_state(engine), scratch))
         close_and_check(engine)
     (want, want_states), (got, got_states) = results
     assert got == want

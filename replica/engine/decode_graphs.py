@@ -5,10 +5,11 @@ A graph replays the kernels of one ``forward_decode`` of a fixed batch size and 
 (``DecodeShapes``) on fixed input tensors: a step copies its token ids, positions, mamba slots
 and KV table into them, replays, and reads the logits from the graph's output, which the next
 replay overwrites. A graph is recorded (``CudaRecorder``) on padding rows only, which read and
-write the pools' scratch entries, so no session's state moves. Each recorded graph is then
-checked against the eager forward on other padding-only inputs of its shape, from the same
-scratch state; a capture that fails or does not match turns the graphs off for the replica
-(logged once): every later step runs eagerly, as without graphs.
+write the pools' scratch entries, so no session's state moves; the recurrent layers update the
+state in place, and their padding rows leave the scratch slot's temporal state as it was. Each
+recorded graph is then checked against the eager forward on other padding-only inputs of its
+shape, from the same scratch state; a capture that fails or does not match turns the graphs off
+for the replica (logged once): every later step runs eagerly, as without graphs.
 
 Only where a decode forward makes no host round trip: CUDA, and MoE layers only where their
 experts run as one grouped GEMM (``replica.model.moe.grouped_gemm``: bfloat16 on recent GPUs;
@@ -120,7 +121,9 @@ class DecodeGraphs:
     def _eager(
         self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, kv: torch.Tensor
     ) -> torch.Tensor:
-        return self.model.forward_decode(ids, positions, slots, kv, positions + 1, self.buffers)
+        return self.model.forward_decode(
+            ids, positions, slots, kv, positions + 1, self.buffers, padding_slot=self.scratch_slot
+        )
 
     def _inputs(self, rows: int, width: int) -> tuple[torch.Tensor, ...]:
         return self.ids[:rows], self.positions[:rows], self.slots[:rows], self.kv[:rows, :width]

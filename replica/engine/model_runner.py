@@ -78,6 +78,7 @@ class ModelRunner:
                 inputs.positions + 1,
                 self.buffers,
                 inputs.state_rows,
+                self.scratch[1] if inputs.pad else None,
             )
         inputs.advance()
         for req in reqs:

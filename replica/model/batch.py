@@ -82,6 +82,7 @@ class DecodeBatch(NamedTuple):
     new_slots: torch.Tensor  # [B] KV slot of each new token
     valid: torch.Tensor  # [B, T] bool
     rows: StateRows | None  # each row's temporal state in place (None: gathered by slot)
+    inert: torch.Tensor | None  # [B] bool, the padding rows: their step leaves the SSM state
 
     @classmethod
     def build(
@@ -93,16 +94,21 @@ class DecodeBatch(NamedTuple):
         kv_lens: torch.Tensor,
         rows: StateRows | None,
         device: torch.device,
+        padding_slot: int | None = None,
     ) -> DecodeBatch:
+        """``padding_slot``: the mamba slot a padded batch's padding rows share (none: no
+        padding rows)."""
         kv_slots = kv_slots.to(device=device, dtype=torch.long)
         kv_lens = kv_lens.to(device=device, dtype=torch.long)
         valid = torch.arange(kv_slots.shape[1], device=device)[None, :] < kv_lens[:, None]
+        mamba_slots = mamba_slots.to(device=device, dtype=torch.long)
         return cls(
             ids=input_ids.to(device),
             positions=positions.to(device),
-            mamba_slots=mamba_slots.to(device=device, dtype=torch.long),
+            mamba_slots=mamba_slots,
             kv=kv_slots.masked_fill(~valid, 0),
             new_slots=kv_slots.gather(1, (kv_lens - 1)[:, None])[:, 0],
             valid=valid,
             rows=rows,
+            inert=None if padding_slot is None else mamba_slots == padding_slot,
         )

@@ -145,11 +145,12 @@ class DecoderLayer(nn.Module):
                     buffers.ssm[o],
                     batch.mamba_slots,
                     rows,
+                    batch.inert,
                 )
                 out = self._scaled(out, self.ssm_out)
             if self.deltanet is not None:
                 out = self.deltanet.decode(
-                    x, buffers.conv[o], buffers.ssm[o], batch.mamba_slots, rows
+                    x, buffers.conv[o], buffers.ssm[o], batch.mamba_slots, rows, batch.inert
                 )
             if self.attn is not None:
                 j = self.attn_ordinal

@@ -124,10 +124,13 @@ class GatedDeltaNet(nn.Module):
         state_buf: torch.Tensor,
         slots: torch.Tensor,
         rows: list[torch.Tensor] | None = None,
+        inert: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One token per row of ``h [B, hidden]``, as :meth:`Mamba2Mixer.decode` (same contract,
-        ``rows`` included)."""
+        ``rows`` and ``inert`` included: an inert row neither decays nor writes the state)."""
         mixed, z, beta, g = self._inputs(h)
+        if inert is not None:
+            beta, g = beta.masked_fill(inert[:, None], 0.0), g.masked_fill(inert[:, None], 0.0)
         mixed = conv_step(mixed, conv_buf, slots, self.conv1d.weight, None)
         q, k, v = self._qkv(mixed)
         if rows is not None:  # CPU float32 state only (``StateRows``), where no kernel runs

@@ -132,22 +132,25 @@ class HybridModel(nn.Module):
         kv_lens: torch.Tensor,
         buffers: LayerBuffers,
         rows: StateRows | None = None,
+        padding_slot: int | None = None,
     ) -> torch.Tensor:
         """One new token for each of ``B`` sequences; returns logits ``[B, vocab]`` (float32).
 
-        Row ``b``: token ``input_ids[b]`` at position ``positions[b]``, state in the distinct
-        slot ``mamba_slots[b]``; ``kv_slots[b, :kv_lens[b]]`` are the slots of its positions
+        Row ``b``: token ``input_ids[b]`` at position ``positions[b]``, state in the slot
+        ``mamba_slots[b]``; ``kv_slots[b, :kv_lens[b]]`` are the slots of its positions
         ``0 .. kv_lens[b] - 1`` including the new token's (at ``kv_lens[b] - 1``, which must equal
         ``positions[b]``). Entries beyond ``kv_lens[b]`` are padding and may hold any value. The
         new K/V and the updated recurrent state are written back. All work is batched (no loop
         over sequences) and row-wise, so a row's logits do not depend on the rest of the batch.
         ``rows``: ``StateRows.build(buffers.ssm, mamba_slots)``, which a caller that runs the same
-        batch again keeps (built here when not given).
+        batch again keeps (built here when not given). ``padding_slot``: the mamba slot that a
+        padded batch's padding rows share (their rows leave its temporal state as it was); every
+        other slot is distinct.
         """
         if rows is None:
             rows = StateRows.build(buffers.ssm, mamba_slots)
         batch = DecodeBatch.build(
-            input_ids, positions, mamba_slots, kv_slots, kv_lens, rows, self.device
+            input_ids, positions, mamba_slots, kv_slots, kv_lens, rows, self.device, padding_slot
         )
         h = self._embed(batch.ids)
         cos, sin = self._rope(batch.positions, h.dtype)

@@ -53,6 +53,12 @@ def _module(name: str):
         return None
 
 
+def forget_modules() -> None:
+    """Import the kernels' packages again on next use (for a process that took them off
+    ``sys.path``, as the interpreter tests do)."""
+    _module.cache_clear()
+
+
 def _serves(t: torch.Tensor, module: str, triton: bool = False) -> bool:
     """``triton``: the package's kernels are Triton's, which the interpreter runs on the CPU."""
     on_device = t.is_cuda or (triton and _interpreted)
@@ -121,16 +127,19 @@ def selective_state_update(
     B: torch.Tensor,
     C: torch.Tensor,
     D: torch.Tensor,
+    slots: torch.Tensor,
 ) -> torch.Tensor:
-    """One Mamba2 step per row, ``state [B, h, p, n]`` updated in place; ``y = S C + D x``.
+    """One Mamba2 step per row on the pool's state ``[slots, h, p, n]``, updated in place at row
+    ``b``'s slot ``slots[b]``; ``y = S C + D x``.
 
     ``x [B, h, p]``, ``dt [B, h]`` (final), ``A [h]``, ``B``/``C [B, g, n]``, ``D [h]``. ``D`` and
     a zero ``dt_bias`` are always passed: with ``A`` and ``dt`` broadcast over the head
     dimension, mamba-ssm's launcher reads both unconditionally (2.2 to 2.3.2 fail without them).
 
-    The state is the batch's gathered copy, not the pool: the kernel takes slot indices, but a
-    padded batch's rows share the scratch slot, and updated in place there each row would read
-    what another wrote, so the padding rows would stop agreeing with each other.
+    The rows run in parallel, each reading its slot and writing it back, so slots must be
+    distinct, but for rows whose ``dt`` is 0 (a padded batch's rows on the scratch slot): their
+    step is ``S * exp(0) + 0``, which writes back exactly what it read, so they may share a slot
+    in any order and all agree.
     """
     update = _module("mamba_ssm.ops.triton.selective_state_update").selective_state_update
     p, n = x.shape[-1], state.shape[-1]
@@ -143,6 +152,7 @@ def selective_state_update(
         C,
         D=D[:, None].expand(-1, p),
         dt_bias=dt.new_zeros(1).expand(dt.shape[1], p),
+        state_batch_indices=slots,
     )
 
 

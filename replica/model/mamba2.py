@@ -5,7 +5,7 @@ the chunked SSD algorithm from the state in each sequence's slot: padding is mad
 ``dt`` is 0, so it adds no input and no decay; the conv is causal) and each row's final conv state
 is read at its own last real positions. :meth:`Mamba2Mixer.decode` runs one token of each of a
 batch of sequences with the single-step recurrence, updating each row's state in its slot (in
-place when given its ``StateRows``, else on a copy written back).
+place by mamba-ssm's kernel or when given its ``StateRows``, else on a copy written back).
 The SSM runs in float32 whatever the model dtype; on CUDA, mamba-ssm's kernels when installed.
 """
 
@@ -145,12 +145,17 @@ class Mamba2Mixer(nn.Module):
         ssm_buf: torch.Tensor,
         slots: torch.Tensor,
         rows: list[torch.Tensor] | None = None,
+        inert: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One step for each row of ``h [B, hidden]``; row ``b`` uses and updates ``slots[b]``.
 
-        Slots must be distinct within the batch. ``rows[b]``, when given, is the view of
-        ``ssm_buf[slots[b]]`` (``StateRows``): the SSM state is then updated where it lives.
-        Every operation is row-wise, so a row's result does not depend on the other rows.
+        Slots must be distinct within the batch, but for ``inert`` rows (``[B]`` bool, a padded
+        batch's rows on the scratch slot): their SSM step has a zero time step, so it leaves
+        their slot's SSM state as it was (the kernel updates the pool in place, row by row in
+        parallel, and rows sharing a slot must not change what another reads). ``rows[b]``, when
+        given, is the view of ``ssm_buf[slots[b]]`` (``StateRows``): the PyTorch path then
+        updates the SSM state where it lives. Every operation is row-wise, so a row's result
+        does not depend on the other rows.
         """
         batch = h.shape[0]
         gate, xbc, dt = self._project(h)
@@ -161,11 +166,11 @@ class Mamba2Mixer(nn.Module):
         B = B.float().reshape(batch, self.n_groups, self.d_state)
         C = C.float().reshape(batch, self.n_groups, self.d_state)
         dt = self._dt(dt)  # [B, h]
+        if inert is not None:
+            dt = dt.masked_fill(inert[:, None], 0.0)  # S <- exp(0) S + 0: the slot as it was
         A = -torch.exp(self.A_log.float())
         if kernels.mamba_ssm(h):
-            state = ssm_buf.index_select(0, slots).float()  # [B, h, p, n], a copy
-            y = kernels.selective_state_update(state, x, dt, A, B, C, self.D.float())
-            ssm_buf.index_copy_(0, slots, state.to(ssm_buf.dtype))
+            y = kernels.selective_state_update(ssm_buf, x, dt, A, B, C, self.D.float(), slots)
         else:
             y = self._ssm_step(x, dt, A, B, C, ssm_buf, slots, rows)
             y = torch.addcmul(y, self.D.float()[:, None], x)

@@ -50,5 +50,8 @@ def interpreter() -> Iterator[None]:
             yield
     finally:
         patch.undo()
-        for name in [n for n in sys.modules if n.split(".")[0] == "mamba_ssm"]:
+        # what was imported from there leaves with it: transformers' qwen3_next, run later in the
+        # same process, would otherwise take flash-linear-attention's kernels for its CPU layers
+        for name in [n for n in sys.modules if n.split(".")[0] in ("mamba_ssm", "fla")]:
             del sys.modules[name]
+        kernels.forget_modules()
