@@ -87,7 +87,8 @@ def test_the_bundle_carries_kernels_that_import_and_causal_conv1ds_source():
         "import mamba_ssm.ops.triton.ssd_combined, mamba_ssm.ops.triton.selective_state_update"
     )
     imports += (
-        ", fla.ops.gated_delta_rule; import mamba_ssm, fla; print(mamba_ssm.__file__, fla.__file__)"
+        ", fla.ops.gated_delta_rule, fla.ops.kda.fused_recurrent; import mamba_ssm, fla; "
+        "print(mamba_ssm.__file__, fla.__file__)"
     )
     out = subprocess.run(
         [sys.executable, "-c", imports],

@@ -8,7 +8,8 @@ with causal-conv1d and flash-linear-attention's chunk kernel, which the interpre
 - a whole model with mamba-ssm's chunk scan (prefill) and state update (decode) gives the
   PyTorch path's logits and state;
 - an engine on those kernels gives the same tokens and state with its decode batches padded;
-- flash-linear-attention's recurrent step gives the PyTorch gated delta step.
+- flash-linear-attention's recurrent step, in place in the pool, gives the PyTorch gated delta
+  step, and inert rows on one slot leave it.
 """
 
 from __future__ import annotations
@@ -117,14 +118,16 @@ def test_a_model_with_mamba_ssm_kernels_matches_the_pytorch_path(name):
             torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4, msg=kind)
 
 
-def test_a_padded_engine_on_the_kernels_gives_the_unpadded_tokens_and_state():
-    """The engine's steps with mamba-ssm's kernels updating the pool in place: padded (as CUDA
-    graphs replay) they give every turn the unpadded steps' tokens and state, leave the scratch
-    slot's temporal state as it was, and every slot comes back."""
+@pytest.mark.parametrize("name", ["tiny-bamba", "tiny-qwen3-next"])
+def test_a_padded_engine_on_the_kernels_gives_the_unpadded_tokens_and_state(name):
+    """The engine's steps with the kernels updating the pool in place (mamba-ssm's; for the
+    gated DeltaNet flash-linear-attention's step): padded (as CUDA graphs replay) they give
+    every turn the unpadded steps' tokens and state, leave the scratch slot's temporal state as
+    it was, and every slot comes back."""
     pools = PoolConfig(max_sessions=4, kv_tokens=1024, max_context=256, page_size=16)
     results = []
     for pad in (False, True):
-        engine = make_engine(pools, build_tiny("tiny-bamba", seed=0), pad_decode=pad)
+        engine = make_engine(pools, build_tiny(name, seed=0), pad_decode=pad)
         scratch = engine.pool.mamba_pool.scratch_slot
         before = [buf[scratch].clone() for buf in engine.pool.buffers.ssm]
         turns = {
@@ -144,16 +147,26 @@ def test_a_padded_engine_on_the_kernels_gives_the_unpadded_tokens_and_state():
         assert_same_state(state, want_states[sid])
 
 
-def test_the_gated_deltanet_recurrent_step_matches_the_pytorch_step():
+def test_the_gated_deltanet_step_in_place_matches_the_pytorch_step():
+    """flash-linear-attention's recurrent step on the pool, by slot: the PyTorch step's output
+    and state on the batch's slots, no other slot moved; inert rows (``g`` and ``beta`` 0) on
+    one slot leave it bit for bit and agree."""
     gen = torch.Generator().manual_seed(2)
-    b, h, dk, dv = 3, 2, 16, 8
+    b, h, dk, dv = 6, 2, 16, 8
     q, k = (torch.randn(b, h, dk, generator=gen) for _ in range(2))
     k = torch.nn.functional.normalize(k, dim=-1)
     v = torch.randn(b, h, dv, generator=gen)
     g = torch.nn.functional.logsigmoid(torch.randn(b, h, generator=gen))
     beta = torch.rand(b, h, generator=gen)
-    state = torch.randn(b, h, dk, dv, generator=gen)
-    got, got_state = kernels.recurrent_gated_delta_rule(q, k, v, g, beta, state.clone())
-    want, want_state = gated_delta_step(q, k, v, g, beta, state.clone())
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(got_state, want_state, atol=1e-5, rtol=1e-5)
+    q[3:], k[3:], v[3:] = q[3], k[3], v[3]  # three padding rows: the same input
+    g[3:], beta[3:] = 0.0, 0.0
+    pool = torch.randn(7, h, dk, dv, generator=gen)
+    slots = torch.tensor([4, 0, 2, 6, 6, 6])
+    assert kernels.fla_step(q)
+    got_pool = pool.clone()
+    got = kernels.gated_delta_step(q, k, v, g, beta, got_pool, slots)
+    want, want_state = gated_delta_step(q[:3], k[:3], v[:3], g[:3], beta[:3], pool[[4, 0, 2]])
+    torch.testing.assert_close(got[:3], want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_pool[[4, 0, 2]], want_state, atol=1e-5, rtol=1e-5)
+    assert torch.equal(got_pool[[1, 3, 5, 6]], pool[[1, 3, 5, 6]])
+    assert all(torch.equal(row, got[3]) for row in got[4:])

@@ -5,7 +5,8 @@ causal conv over queries, keys and values) and the recurrent matrix ``[value_hea
 value_head_dim]``. :meth:`GatedDeltaNet.extend` runs right-padded chunks with the chunked delta
 rule (padding inert: ``g = 0`` and ``beta = 0`` there); :meth:`GatedDeltaNet.decode` one token per
 row with the recurrent step. The recurrence runs in float32; on CUDA, flash-linear-attention's
-kernels when installed and the model is in half precision.
+kernels when installed: its chunk kernel for prefill when the model is in half precision, its
+recurrent step for decode (the state updated in place by slot) in any.
 """
 
 from __future__ import annotations
@@ -133,13 +134,12 @@ class GatedDeltaNet(nn.Module):
             beta, g = beta.masked_fill(inert[:, None], 0.0), g.masked_fill(inert[:, None], 0.0)
         mixed = conv_step(mixed, conv_buf, slots, self.conv1d.weight, None)
         q, k, v = self._qkv(mixed)
-        if rows is not None:  # CPU float32 state only (``StateRows``), where no kernel runs
+        if kernels.fla_step(h):  # in place in the pool, by slot
+            o = kernels.gated_delta_step(q, k, v, g, beta, state_buf, slots)
+        elif rows is not None:  # CPU float32 state (``StateRows``)
             o = gated_delta_step_in_place(q, k, v, g, beta, rows, state_buf, slots)
-            return self._out(o, z, h.dtype)
-        state = state_buf.index_select(0, slots).float()  # a copy, updated in place
-        if kernels.fla(h):
-            o, state = kernels.recurrent_gated_delta_rule(q, k, v, g, beta, state)
         else:
+            state = state_buf.index_select(0, slots).float()  # a copy, updated in place
             o, state = gated_delta_step(q, k, v, g, beta, state)
-        state_buf.index_copy_(0, slots, state.to(state_buf.dtype))
+            state_buf.index_copy_(0, slots, state.to(state_buf.dtype))
         return self._out(o, z, h.dtype)

@@ -1,11 +1,12 @@
 """Fused CUDA kernels for the recurrent mixers, used when installed (the ``cuda-kernels`` extra).
 
 mamba-ssm (SSD chunk scan, selective state update), causal-conv1d and flash-linear-attention
-(gated delta rule). Each ``<package>(t)`` test says whether its kernels serve tensor ``t``: on
-CUDA, package importable, and kernels not switched off with :func:`disabled` (how the GPU tests
-run the PyTorch reference path on the same device). The PyTorch code in the mixers is the
-reference these kernels are tested against (tests/gpu/ on a GPU; on the CPU, mamba-ssm's Triton
-kernels under Triton's interpreter, with :func:`interpreted`).
+(gated delta rule: chunk kernel, recurrent step). Each ``<package>(t)`` test says whether its
+kernels serve tensor ``t``: on CUDA, package importable, and kernels not switched off with
+:func:`disabled` (how the GPU tests run the PyTorch reference path on the same device). The
+decode steps update the pool's state in place by slot. The PyTorch code in the mixers is the
+reference these kernels are tested against (tests/gpu/ on a GPU; on the CPU, the Triton kernels
+under Triton's interpreter, with :func:`interpreted`).
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ def disabled() -> Iterator[None]:
 
 @contextlib.contextmanager
 def interpreted() -> Iterator[None]:
-    """Let mamba-ssm's kernels serve CPU tensors too: for a process that runs Triton's kernels
-    in its interpreter (``TRITON_INTERPRET=1`` before they are imported), as the CPU tests do.
+    """Let the Triton kernels (mamba-ssm's, flash-linear-attention's recurrent step) serve CPU
+    tensors too: for a process that runs Triton's kernels in its interpreter
+    (``TRITON_INTERPRET=1`` before they are imported), as the CPU tests do.
     flash-linear-attention's chunk kernel does not run there, and causal-conv1d is CUDA code."""
     global _interpreted
     before, _interpreted = _interpreted, True
@@ -74,9 +76,15 @@ def mamba_ssm(t: torch.Tensor) -> bool:
 
 
 def fla(t: torch.Tensor) -> bool:
-    """flash-linear-attention's chunk kernel takes half precision only (float32 models run the
-    PyTorch path)."""
+    """flash-linear-attention's chunk kernel (prefill) takes half precision only (float32 models
+    run the PyTorch path)."""
     return t.dtype in (torch.float16, torch.bfloat16) and _serves(t, "fla.ops.gated_delta_rule")
+
+
+def fla_step(t: torch.Tensor) -> bool:
+    """flash-linear-attention's recurrent step (decode), any precision; its kernel runs in
+    Triton's interpreter too."""
+    return _serves(t, "fla.ops.kda.fused_recurrent", triton=True)
 
 
 def causal_conv1d_fn(
@@ -181,24 +189,36 @@ def chunk_gated_delta_rule(
     return out.float(), final.float()
 
 
-def recurrent_gated_delta_rule(
+def gated_delta_step(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     g: torch.Tensor,
     beta: torch.Tensor,
-    initial_state: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`replica.model.delta_rule.gated_delta_step` by flash-linear-attention."""
-    rule = _module("fla.ops.gated_delta_rule").fused_recurrent_gated_delta_rule
-    out, final = rule(
+    state: torch.Tensor,
+    slots: torch.Tensor,
+) -> torch.Tensor:
+    """:func:`replica.model.delta_rule.gated_delta_step` by flash-linear-attention, on the pool's
+    state ``[slots, h, dk, dv]`` updated in place at row ``b``'s slot ``slots[b]``; returns
+    ``o [B, h, dv]`` (float32).
+
+    Its gated delta rule takes no slot indices, so this is its KDA step (Kimi Delta Attention),
+    whose gate is per key channel and which takes them (``ssm_state_indices``, the final state
+    written where it was read): with the head's gate on every key channel it is the gated
+    delta step. Slots must be distinct but for rows whose ``beta`` and ``g`` are 0, which
+    write back exactly what they read (as :func:`selective_state_update`).
+    """
+    step = _module("fla.ops.kda.fused_recurrent").fused_recurrent_kda_fwd
+    dk = k.shape[-1]
+    out, _ = step(
         q[:, None].contiguous(),
         k[:, None].contiguous(),
         v[:, None].contiguous(),
-        g=g[:, None].contiguous(),
-        beta=beta[:, None].contiguous(),
+        g[:, None, :, None].expand(-1, -1, -1, dk).contiguous(),
+        beta[:, None].contiguous(),
+        initial_state=state,
         scale=1.0,
-        initial_state=initial_state.contiguous(),
-        output_final_state=True,
+        inplace_final_state=True,
+        ssm_state_indices=slots,
     )
-    return out[:, 0].float(), final.float()
+    return out[:, 0].float()
