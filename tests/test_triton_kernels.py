@@ -20,8 +20,8 @@ import torch
 from replica.api import SamplingParams
 from replica.config import PoolConfig
 from replica.model import build_tiny, kernels
-from replica.model.delta_rule import gated_delta_step
 from replica.model.mamba2 import Mamba2Mixer
+from tests.support.delta_step_check import check_gated_delta_step_in_place
 from tests.support.engine import (
     assert_same_state,
     close_and_check,
@@ -148,25 +148,5 @@ def test_a_padded_engine_on_the_kernels_gives_the_unpadded_tokens_and_state(name
 
 
 def test_the_gated_deltanet_step_in_place_matches_the_pytorch_step():
-    """flash-linear-attention's recurrent step on the pool, by slot: the PyTorch step's output
-    and state on the batch's slots, no other slot moved; inert rows (``g`` and ``beta`` 0) on
-    one slot leave it bit for bit and agree."""
-    gen = torch.Generator().manual_seed(2)
-    b, h, dk, dv = 6, 2, 16, 8
-    q, k = (torch.randn(b, h, dk, generator=gen) for _ in range(2))
-    k = torch.nn.functional.normalize(k, dim=-1)
-    v = torch.randn(b, h, dv, generator=gen)
-    g = torch.nn.functional.logsigmoid(torch.randn(b, h, generator=gen))
-    beta = torch.rand(b, h, generator=gen)
-    q[3:], k[3:], v[3:] = q[3], k[3], v[3]  # three padding rows: the same input
-    g[3:], beta[3:] = 0.0, 0.0
-    pool = torch.randn(7, h, dk, dv, generator=gen)
-    slots = torch.tensor([4, 0, 2, 6, 6, 6])
-    assert kernels.fla_step(q)
-    got_pool = pool.clone()
-    got = kernels.gated_delta_step(q, k, v, g, beta, got_pool, slots)
-    want, want_state = gated_delta_step(q[:3], k[:3], v[:3], g[:3], beta[:3], pool[[4, 0, 2]])
-    torch.testing.assert_close(got[:3], want, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(got_pool[[4, 0, 2]], want_state, atol=1e-5, rtol=1e-5)
-    assert torch.equal(got_pool[[1, 3, 5, 6]], pool[[1, 3, 5, 6]])
-    assert all(torch.equal(row, got[3]) for row in got[4:])
+    """flash-linear-attention's recurrent step on the pool, by slot (the shared check)."""
+    check_gated_delta_step_in_place("cpu", heads=2, dk=16, dv=8, tol=1e-5)

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from replica.model import build_tiny, kernels
-from replica.model.delta_rule import gated_delta_step
 from replica.model.mamba2 import Mamba2Mixer
+from tests.support.delta_step_check import check_gated_delta_step_in_place
 from tests.support.mixer_workload import run_workload
 
 pytestmark = pytest.mark.skipif(
@@ -94,27 +94,7 @@ def test_inert_rows_in_place_on_one_slot_leave_it_as_it_was(state_dtype):
 
 
 def test_the_gated_deltanet_step_in_place_leaves_inert_rows_slot():
-    """flash-linear-attention's recurrent step in place in the pool on the GPU: the PyTorch
-    step on the real rows' slots, no other slot moved, and 5 inert rows on one slot (``g`` and
-    ``beta`` 0) leave it bit for bit and agree."""
+    """flash-linear-attention's recurrent step in place in the pool on the GPU, where a batch's
+    rows run in parallel (``check_gated_delta_step_in_place``)."""
     pytest.importorskip("fla", reason="fla is not installed (the cuda-kernels extra)")
-    gen = torch.Generator().manual_seed(5)
-    b, h, dk, dv = 7, 4, 64, 32
-    q, k = (torch.randn(b, h, dk, generator=gen) for _ in range(2))
-    k = torch.nn.functional.normalize(k, dim=-1)
-    v = torch.randn(b, h, dv, generator=gen)
-    g = torch.nn.functional.logsigmoid(torch.randn(b, h, generator=gen))
-    beta = torch.rand(b, h, generator=gen)
-    q[2:], k[2:], v[2:], g[2:], beta[2:] = q[2], k[2], v[2], 0.0, 0.0
-    pool = torch.randn(9, h, dk, dv, generator=gen)
-    q, k, v, g, beta, pool = (t.cuda() for t in (q, k, v, g, beta, pool))
-    slots = torch.tensor([5, 1, 8, 8, 8, 8, 8], device="cuda")
-    assert kernels.fla_step(q)
-    got_pool = pool.clone()
-    got = kernels.gated_delta_step(q, k, v, g, beta, got_pool, slots)
-    want, want_state = gated_delta_step(q[:2], k[:2], v[:2], g[:2], beta[:2], pool[[5, 1]])
-    torch.testing.assert_close(got[:2], want, atol=1e-3, rtol=1e-3)
-    torch.testing.assert_close(got_pool[[5, 1]], want_state, atol=1e-3, rtol=1e-3)
-    assert torch.equal(got_pool[8], pool[8])
-    assert torch.equal(got_pool[[0, 2, 3, 4, 6, 7]], pool[[0, 2, 3, 4, 6, 7]])
-    assert all(torch.equal(row, got[2]) for row in got[3:])
+    check_gated_delta_step_in_place("cuda", heads=4, dk=64, dv=32, tol=1e-3)
