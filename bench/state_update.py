@@ -13,7 +13,12 @@ same step computed along the window (the state's innermost dimension, the way it
 before), on each mixer's conv state: CPU time per call, and the bench checks that both give the
 same output and state bit for bit.
 
-Run: ``python -m bench.state_update [--quick]``.
+On CUDA (``--device cuda``) the update is the fused kernels' (mamba-ssm's state update,
+flash-linear-attention's recurrent step), in place in the pool by slot, against the same kernels
+on a gathered copy written back (how a decode step ran them before): wall time per call with the
+device synchronised, best of the rounds; the conv table is the CPU's alone.
+
+Run: ``python -m bench.state_update [--quick] [--device cuda]``.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import transformers
 
 from bench.harness.bench_models import configs
 from bench.harness.report import Table
-from replica.model import LayerBuffers, load_model
+from replica.model import LayerBuffers, kernels, load_model
 from replica.model.conv import conv_step
 from replica.model.state_rows import StateRows
 
@@ -47,40 +52,56 @@ def recurrent_mixer(family: str):
     return cfg, layer.mamba if layer.mamba is not None else layer.deltanet
 
 
-def seconds_per_call(mixer, batch: int, cfg, calls: int, rounds: int) -> tuple[float, float]:
-    """(in place, on a copy): CPU seconds of one decode call, best of ``rounds``."""
+def seconds_per_call(
+    mixer, batch: int, cfg, calls: int, rounds: int, device: torch.device
+) -> tuple[float, float]:
+    """(in place, on a copy): seconds of one decode call, best of ``rounds``."""
     gen = torch.Generator().manual_seed(batch)
-    buffers = LayerBuffers.allocate(cfg, mamba_slots=2 * batch, kv_token_slots=1)
+    buffers = LayerBuffers.allocate(cfg, mamba_slots=2 * batch, kv_token_slots=1, device=device)
     for t in (buffers.conv[0], buffers.ssm[0]):
         t.copy_(torch.randn(t.shape, generator=gen) * 0.1)
-    order = torch.randperm(2 * batch, generator=gen)[:batch]
-    rows = StateRows.build(buffers.ssm[:1], order.tolist())
-    h = torch.randn(batch, cfg.hidden_size, generator=gen)
-    best = best_alternating(
-        {
+    order = torch.randperm(2 * batch, generator=gen)[:batch].to(device)
+    h = torch.randn(batch, cfg.hidden_size, generator=gen).to(device)
+    conv, ssm = buffers.conv[0], buffers.ssm[0]
+    if device.type == "cuda":  # the kernels in place, and on a gathered copy written back
+        everyone = torch.arange(batch, device=device)
+
+        def on_a_copy() -> None:
+            state = ssm.index_select(0, order)
+            mixer.decode(h, conv, state, everyone)
+            ssm.index_copy_(0, order, state)
+
+        variants = {True: lambda: mixer.decode(h, conv, ssm, order), False: on_a_copy}
+    else:  # the rows' views (``StateRows``), and the PyTorch path's own copy
+        rows = StateRows.build(buffers.ssm[:1], order.tolist())
+        variants = {
             in_place: lambda view=(rows.ssm[0] if in_place else None): mixer.decode(
-                h, buffers.conv[0], buffers.ssm[0], order, view
+                h, conv, ssm, order, view
             )
             for in_place in (True, False)
-        },
-        calls,
-        rounds,
-    )
+        }
+    best = best_alternating(variants, calls, rounds, cuda=device.type == "cuda")
     return best[True], best[False]
 
 
-def best_alternating(variants: dict, calls: int, rounds: int) -> dict:
-    """CPU seconds of one call of each of ``variants`` (key -> callable), best of ``rounds``
-    rounds of ``calls`` calls, the variants alternating within each round (round 0 warms up)."""
+def best_alternating(variants: dict, calls: int, rounds: int, cuda: bool = False) -> dict:
+    """Seconds of one call of each of ``variants`` (key -> callable), best of ``rounds`` rounds
+    of ``calls`` calls, the variants alternating within each round (round 0 warms up): CPU time,
+    or on CUDA wall time with the device synchronised before and after."""
+    clock = time.perf_counter if cuda else time.process_time
     best = {key: float("inf") for key in variants}
     with torch.inference_mode():
         for round_ in range(rounds + 1):
             for key, call in variants.items():
-                start = time.process_time()
+                if cuda:
+                    torch.cuda.synchronize()
+                start = clock()
                 for _ in range(calls):
                     call()
+                if cuda:
+                    torch.cuda.synchronize()
                 if round_:
-                    best[key] = min(best[key], (time.process_time() - start) / calls)
+                    best[key] = min(best[key], (clock() - start) / calls)
     return best
 
 
@@ -124,20 +145,33 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer calls and rounds")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     args = parser.parse_args()
     rounds, calls = (2, 10) if args.quick else (args.rounds, args.calls)
+    device = torch.device(args.device)
     torch.set_num_threads(1)
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    print(f"one recurrent layer's decode call, CPU, 1 torch thread; best of {rounds} x {calls}")
+    if device.type == "cuda":
+        probe = torch.zeros(1, device=device)
+        print(
+            f"one recurrent layer's decode call on {torch.cuda.get_device_name(device)}, wall "
+            f"time; best of {rounds} x {calls}; kernels: mamba-ssm "
+            f"{kernels.mamba_ssm(probe)}, flash-linear-attention's step {kernels.fla_step(probe)}"
+        )
+    else:
+        print(f"one recurrent layer's decode call, CPU, 1 torch thread; best of {rounds} x {calls}")
     table = Table("mixer", "rows", "in place us", "on a copy us", "copy / in place")
     for family, kind in FAMILIES.items():
         cfg, mixer = recurrent_mixer(family)
+        mixer.to(device)
         for batch in BATCHES:
-            in_place, copied = seconds_per_call(mixer, batch, cfg, calls, rounds)
+            in_place, copied = seconds_per_call(mixer, batch, cfg, calls, rounds, device)
             table.add(kind, batch, f"{in_place * 1e6:.0f}", f"{copied * 1e6:.0f}",
                       f"{copied / in_place:.2f}")  # fmt: skip
     table.print()
+    if device.type == "cuda":
+        return
     print("\nthe conv step alone: the window time-major (ours) vs along the window; bit-identical")
     table = Table("mixer", "channels", "rows", "ours us", "along the window us", "window / ours")
     for family, kind in FAMILIES.items():

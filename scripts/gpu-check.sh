@@ -7,8 +7,8 @@
 #      copier's staging buffer pinned, bf16 state copies of slots over 32 MiB both ways;
 #   2. the engine, pool, parking, migration and padded-decode tests with every engine and pool
 #      fixture on CUDA (SESSION_ROUTER_TEST_DEVICE=cuda; their decode steps run as CUDA graphs);
-#   3. bench.decode, bench.step_calls, bench.park_restore and bench.vs_transformers on the GPU,
-#      their tables printed.
+#   3. bench.decode, bench.step_calls, bench.state_update, bench.park_restore and
+#      bench.vs_transformers on the GPU, their tables printed.
 # Every step runs (a GPU's time is scarce: one run tells everything); the failed ones are listed
 # at the end and the check fails. None of it needs Ray.
 #
@@ -111,6 +111,9 @@ step "bench.decode (cuda)"
 step "bench.step_calls (cuda)"
 "$PY" -m bench.step_calls --device cuda "${QUICK[@]}" | tee "$OUT/bench-step-calls.txt" \
     || fail "bench.step_calls"
+step "bench.state_update (cuda): the kernels in place vs on a gathered copy"
+"$PY" -m bench.state_update --device cuda "${QUICK[@]}" | tee "$OUT/bench-state-update.txt" \
+    || fail "bench.state_update"
 step "bench.park_restore (cuda)"
 "$PY" -m bench.park_restore --device cuda "${QUICK[@]}" | tee "$OUT/bench-park-restore.txt" \
     || fail "bench.park_restore"
