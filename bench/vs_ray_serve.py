@@ -11,8 +11,13 @@ this process (Serve's router runs in the caller). Ours is the whole stack as a c
 2. tokens/s to 64 streams: 64 open sessions, a turn of 64 new tokens on each at once per round
    (the first round warms up). Goal: ours >= 3x.
 
-Each repetition runs both on both sides, interleaved. Run: ``python -m bench.vs_ray_serve
-[--quick]`` (needs ``ray[serve]``, a dev dependency).
+Each repetition runs both on both sides, interleaved. Both sides share the box's cores, so the
+bench also meters the CPU of every process group during each side's runs (``SideCosts``): the
+cores each side kept busy and its CPU per lifecycle and per token, by group. A side that keeps
+the cores busy runs at cores ÷ CPU per unit, so where both do, ours ÷ Serve is Serve's CPU per
+unit ÷ ours, and the table says what a goal asks of our CPU per unit and where it goes.
+
+Run: ``python -m bench.vs_ray_serve [--quick]`` (needs ``ray[serve]``, a dev dependency).
 """
 
 from __future__ import annotations
@@ -21,16 +26,29 @@ import argparse
 from collections import defaultdict
 
 from bench.harness import runner
+from bench.harness.bare_server import BareServer
 from bench.harness.cluster import LocalCluster
+from bench.harness.cpu import ACTOR_GROUPS, THIS_PROCESS, CpuMeter
+from bench.harness.grpc_driver import GrpcDriver
 from bench.harness.report import Goal, Table
 from bench.harness.serve_peer import ServeDriver, start_peer
+from bench.harness.side_costs import SideCosts
 from bench.harness.stats import Spread, ratios
+from bench.harness.workload import TokenRounds
 
 CONCURRENCY = 64
 STREAMS = 64
 NEW_TOKENS = 64
 GOAL_LIFECYCLES = 2.0
 GOAL_TOKENS = 3.0
+BARE = "bare gRPC"  # the floor: a grpc.aio server answering at once, the same client
+BARE_STEP_S = 0.001  # its turns' chunks, one per tick (bench.lifecycles' floor too)
+GROUPS = {  # the actors' processes by the command line Ray gives them
+    b"ray::CheckpointStore": "store",
+    b"ray::ServeReplica": "serve replica",
+    b"ray::ServeController": "serve controller",
+    b"ray::ProxyActor": "serve proxy",
+}
 
 
 async def measure(cluster: LocalCluster, args: argparse.Namespace) -> list[Goal]:
@@ -39,23 +57,33 @@ async def measure(cluster: LocalCluster, args: argparse.Namespace) -> list[Goal]
     seconds, warmup, rounds = (1.5, 0.3, 2) if args.quick else (2.5, 0.5, 3)
     grpc = await cluster.grpc()
     peer = ServeDriver(start_peer(cluster.replica_config, num_cpus=0.5))
+    bare_server = await BareServer(BARE_STEP_S).start()
+    bare = await GrpcDriver.start(bare_server.address)
     runs: dict[str, list[float]] = defaultdict(list)
+    clients = {grpc.pid: "client", bare.pid: "client"}
+    costs = SideCosts(CpuMeter(clients, {**ACTOR_GROUPS, **GROUPS}))
+    lifecycles = costs.run  # units: rate × wall (the window's rate over the whole run)
+
+    async def tokens(side: str, work) -> TokenRounds:
+        return await costs.run(side, work, lambda result, _: result.tokens)
+
     try:
-        await grpc.lifecycles(CONCURRENCY, 0.5, 0.0, 8)  # both paths warm
-        await peer.lifecycles(CONCURRENCY, 0.5, 0.0, 8)
+        for driver in (grpc, peer, bare):  # every path warm
+            await driver.lifecycles(CONCURRENCY, 0.5, 0.0, 8)
         for _ in range(args.repeats):
-            runs["ours lifecycles"].append(
-                (await grpc.lifecycles(CONCURRENCY, seconds, warmup, 8)).rate
-            )
-            runs["serve lifecycles"].append(
-                (await peer.lifecycles(CONCURRENCY, seconds, warmup, 8)).rate
-            )
+            for side, driver in (("ours", grpc), ("serve", peer), (BARE, bare)):
+                work = driver.lifecycles(CONCURRENCY, seconds, warmup, 8)
+                done = await lifecycles(f"{side} lifecycles", work, lambda r, wall: r.rate * wall)
+                runs[f"{side} lifecycles"].append(done.rate)
             async with cluster.on_first_replica():
-                ours = await grpc.token_rounds(STREAMS, NEW_TOKENS, rounds)
+                ours = await tokens("ours tokens", grpc.token_rounds(STREAMS, NEW_TOKENS, rounds))
             runs["ours tokens"].append(ours.rate)
-            runs["serve tokens"].append((await peer.token_rounds(STREAMS, NEW_TOKENS, rounds)).rate)
+            theirs = await tokens("serve tokens", peer.token_rounds(STREAMS, NEW_TOKENS, rounds))
+            runs["serve tokens"].append(theirs.rate)
     finally:
         serve.shutdown()
+        bare.stop()
+        await bare_server.stop()
     table = Table("measure", "session-router", "Ray Serve", "ours / Serve")
     table.add(
         f"lifecycles/s at concurrency {CONCURRENCY}",
@@ -71,6 +99,7 @@ async def measure(cluster: LocalCluster, args: argparse.Namespace) -> list[Goal]
     )
     print("\nsession-router (gRPC, client in a child process) vs Ray Serve (handle) on one engine")
     table.print()
+    print_costs(costs, runs)
     return [
         Goal(
             "lifecycles/s, ours / Ray Serve",
@@ -83,6 +112,29 @@ async def measure(cluster: LocalCluster, args: argparse.Namespace) -> list[Goal]
             GOAL_TOKENS,
         ),
     ]
+
+
+def print_costs(costs: SideCosts, runs: dict[str, list[float]]) -> None:
+    print(
+        f"\nCPU by process group, all runs ({THIS_PROCESS}: this process, our gateway or Serve's "
+        "handle, router and clients; client: our gRPC client process)"
+    )
+    costs.print("lifecycle", ["ours lifecycles", "serve lifecycles", f"{BARE} lifecycles"])
+    costs.print("token", ["ours tokens", "serve tokens"], scale=1e6, label="µs")
+    for what, goal in (("lifecycles", GOAL_LIFECYCLES), ("tokens", GOAL_TOKENS)):
+        ours, theirs = (costs.per_unit_ms(f"{side} {what}") for side in ("ours", "serve"))
+        measured = ratios(runs[f"ours {what}"], runs[f"serve {what}"]).format()
+        print(
+            f"  {what}: Serve's CPU per unit ÷ ours {theirs / ours:.2f} (measured ours / Serve "
+            f"{measured}); {goal:g}x at these cores asks ours for at most {theirs / goal:.3g} ms "
+            f"of CPU per unit, ours is {ours:.3g}"
+        )
+    floor = costs.per_unit_ms(f"{BARE} lifecycles")
+    print(
+        f"  floor: a bare grpc.aio server of the same service and the same client cost {floor:.3g}"
+        f" ms per lifecycle ({Spread.of(runs[f'{BARE} lifecycles']).format('.0f')}/s), gRPC's "
+        "own part of ours"
+    )
 
 
 if __name__ == "__main__":

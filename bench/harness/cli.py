@@ -1,5 +1,6 @@
 """The flags every benchmark takes (``--quick``, ``--repeats``) and those of benchmarks on a
-local cluster (``--replicas``, ``--threads``, ``--max-sessions``, ``--profile-gateway``)."""
+local cluster (``--replicas``, ``--threads``, ``--max-sessions``, ``--no-checkpoints``,
+``--profile-gateway``)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,12 @@ def parser(doc: str, cluster: bool = False) -> argparse.ArgumentParser:
             "snapshots (a close frees room only at the replica's next report, ~1 s)",
         )
         p.add_argument(
+            "--no-checkpoints",
+            action="store_true",
+            help="the replicas without their per-turn session checkpoints (serve's "
+            "--no-session-checkpoints): what failover's protection costs, by difference",
+        )
+        p.add_argument(
             "--profile-gateway",
             metavar="FILE",
             help="cProfile this process (the gateway) during the gRPC runs; print its top",
@@ -67,4 +74,5 @@ def cluster_flags(args: argparse.Namespace) -> dict[str, object]:
         "kv_tokens": args.max_sessions * CLUSTER_KV_PER_SESSION,
         "max_context": CLUSTER_MAX_CONTEXT,
         "page_size": 16,
+        "session_checkpoints": not args.no_checkpoints,
     }
