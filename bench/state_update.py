@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -64,14 +65,7 @@ def seconds_per_call(
     h = torch.randn(batch, cfg.hidden_size, generator=gen).to(device)
     conv, ssm = buffers.conv[0], buffers.ssm[0]
     if device.type == "cuda":  # the kernels in place, and on a gathered copy written back
-        everyone = torch.arange(batch, device=device)
-
-        def on_a_copy() -> None:
-            state = ssm.index_select(0, order)
-            mixer.decode(h, conv, state, everyone)
-            ssm.index_copy_(0, order, state)
-
-        variants = {True: lambda: mixer.decode(h, conv, ssm, order), False: on_a_copy}
+        variants = kernel_variants(mixer, h, conv, ssm, order)
     else:  # the rows' views (``StateRows``), and the PyTorch path's own copy
         rows = StateRows.build(buffers.ssm[:1], order.tolist())
         variants = {
@@ -82,6 +76,23 @@ def seconds_per_call(
         }
     best = best_alternating(variants, calls, rounds, cuda=device.type == "cuda")
     return best[True], best[False]
+
+
+def kernel_variants(mixer, h, conv, ssm, order) -> dict[bool, Callable[[], torch.Tensor]]:
+    """The decode call with the state updated in place by slot (True), and on a gathered copy
+    written back (False: the batch's conv and SSM state copied out, stepped, copied back, as a
+    decode step ran the kernels before; the conv state is a small part of it). Both change the
+    same slots the same way (tests/test_bench_state_update.py)."""
+    everyone = torch.arange(h.shape[0], device=h.device)
+
+    def on_a_copy() -> torch.Tensor:
+        conv_rows, ssm_rows = conv.index_select(0, order), ssm.index_select(0, order)
+        out = mixer.decode(h, conv_rows, ssm_rows, everyone)
+        conv.index_copy_(0, order, conv_rows)
+        ssm.index_copy_(0, order, ssm_rows)
+        return out
+
+    return {True: lambda: mixer.decode(h, conv, ssm, order), False: on_a_copy}
 
 
 def best_alternating(variants: dict, calls: int, rounds: int, cuda: bool = False) -> dict:
