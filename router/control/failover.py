@@ -94,11 +94,13 @@ class Failover:
             found, answered, store_blank, released = await self._checkpoints(entry, list(claimed))
             self._released_before(replica_id, released)
             found = {sid: f for sid, f in found.items() if self._open(sid)}
-            restored = await self._restore(found, replica_id) if found else {}
+            blank = {}
             if answered:
                 missing = [sid for sid in claimed if sid not in found]
                 blank = self.blank.select(entry, missing, store_blank)
-                restored.update(await self.blank.reopen(blank, replica_id) if blank else {})
+            # the blank ones' room stays claimed while the restores wait for theirs
+            restored = await self._restore(found, replica_id, len(blank)) if found else {}
+            restored.update(await self.blank.reopen(blank, replica_id) if blank else {})
             closed = [sid for sid in claimed if sid not in restored and not self._open(sid)]
             if closed:  # by their clients, during the failover: neither restored nor lost
                 log.info("replica %s: %d sessions closed during its failover", replica_id,
@@ -187,9 +189,10 @@ class Failover:
             answered = True
         return found, answered, blank, released
 
-    async def _restore(self, found: dict[str, Any], dead: str) -> dict[str, int]:
+    async def _restore(self, found: dict[str, Any], dead: str, later: int) -> dict[str, int]:
         """Import ``found`` (session id -> (meta, [checkpoint ref])) on live replicas, waiting
-        for room ahead of new opens; returns the restored ones with their committed tokens."""
+        for room ahead of new opens (and keeping ``later`` more claimed: the blank reopens that
+        follow); returns the restored ones with their committed tokens."""
 
         async def land(groups: dict[str, list[str]]) -> Landed:
             outcomes = await asyncio.gather(
@@ -208,7 +211,7 @@ class Failover:
             return done
 
         args = (self.migrator, self.opener, self.wait_s, land)
-        restored, pending = await place_waiting(list(found), dead, *args)
+        restored, pending = await place_waiting(list(found), dead, *args, later)
         if pending:
             log.warning("%d sessions found no room within %.0f s", len(pending), self.wait_s)
         return restored

@@ -29,18 +29,20 @@ async def place_waiting(
     opener: Opener,
     wait_s: float,
     land: Callable[[dict[str, list[str]]], Awaitable[Landed]],
+    later: int = 0,
 ) -> tuple[dict[str, int], list[str]]:
     """Place ``ids`` (sessions of the dead replica ``dead``) in groups that placement chooses
     (target -> session ids), each round handed to ``land``. Sessions that find no room wait for
-    it up to ``wait_s``; room for those still to place is claimed ahead of new opens
-    (``Opener.claim_room``, under ``dead``; the claim ends with this call). Returns the
+    it up to ``wait_s``; room for those still to place, and for the ``later`` sessions the
+    caller places after these, is claimed ahead of new opens (``Opener.claim_room``, under
+    ``dead``; when this call returns the claim is ``later``: the caller's to end). Returns the
     sessions that landed and those that found no room in time."""
     landed: dict[str, int] = {}
     pending, excluded = sorted(ids), {dead}
     deadline = time.monotonic() + wait_s
     try:
         while pending:
-            await opener.claim_room(dead, len(pending))
+            await opener.claim_room(dead, len(pending) + later)
             groups = migrator.assign(pending, None, excluded)
             if not groups:
                 left = deadline - time.monotonic()
@@ -55,7 +57,7 @@ async def place_waiting(
             pending += done.full
             excluded |= done.full_targets
     finally:
-        await opener.claim_room(dead, 0)
+        await opener.claim_room(dead, later)
     return landed, pending
 
 
