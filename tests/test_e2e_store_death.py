@@ -36,8 +36,9 @@ SLACK_S = 5.0  # how much longer than the slowest turn before the kill any turn 
 
 @pytest.fixture(scope="module")
 def server(ray_cluster):
-    # turns back to back for a minute or more: room for a few hundred short turns per session
-    srv = ServerThread(stale_after_s=3.0, max_context=2048, kv_tokens=8 * 2048).start()
+    # turns back to back for a minute or more: room for a thousand short turns (8 tokens) per
+    # session (a quiet box ran 256 of them, all 2,048 positions, within one test: OUT_OF_RANGE)
+    srv = ServerThread(stale_after_s=3.0, max_context=8192, kv_tokens=8 * 8192).start()
     yield srv
     srv.stop()
 
