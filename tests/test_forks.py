@@ -1,8 +1,9 @@
 """Forked sessions continue exactly as their parent would: the engine over a checkpoint saved by
 transformers, a fork's turns against ``BambaForCausalLM.generate`` over the same token sequence
 (greedy), and against a cold session that prefilled that sequence (seeded sampling). Forks twice
-from one parent, from a running turn, from a parked parent, and after the parent moved to
-another engine. Every test ends with every slot back (strict)."""
+from one parent, from a running turn, from a parked parent (into the GPU, and into the host tier
+when every GPU slot runs a turn), and after the parent moved to another engine. Every test ends
+with every slot back (strict)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import pytest
 
 from replica.api import SamplingParams
 from replica.config import PoolConfig
+from replica.model import build_tiny
 from tests.support.engine import (
     close_and_check,
     greedy,
     make_checkpoint_engine,
+    make_engine,
     run_turn,
     token_ids,
 )
@@ -142,6 +145,30 @@ def test_fork_when_every_other_slot_runs_is_born_parked(peer, engine):
     assert engine.sessions.get("c").parked and not engine.sessions.get("p").parked
     engine.check_invariant()
     assert run_turn(engine, "c", b, greedy(6))[0] == hf_greedy(hf, a + o1 + b, 6)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_fork_of_a_parked_parent_when_every_slot_runs_is_born_parked(page_size):
+    """The child's state is copied from the parent's host slots into host slots of its own,
+    inside the one host pool: a copy whose source and target are one tensor (with one layer of
+    a kind, here Nemotron-H's one attention layer, PyTorch refuses a gather into a view of its
+    own source). The child then continues exactly as its parent does."""
+    engine = make_engine(pools(page_size, parked=4), build_tiny("tiny-nemotron-h", seed=0))
+    a, b = token_ids(20, 21), token_ids(5, 22)
+    engine.open_session("p")
+    run_turn(engine, "p", a, greedy(3))
+    engine.sessions.residency.park([engine.sessions.get("p")])
+    for i in range(4):
+        engine.open_session(f"busy{i}")
+        engine.submit(f"busy{i}", token_ids(8, 30 + i), greedy(40))
+    engine.step()
+    engine.fork_session("p", "c")
+    assert engine.sessions.get("c").parked and engine.sessions.get("p").parked
+    engine.check_invariant()
+    for i in range(4):
+        engine.cancel(f"busy{i}")
+    assert run_turn(engine, "c", b, greedy(6))[0] == run_turn(engine, "p", b, greedy(6))[0]
+    close_and_check(engine)
 
 
 def test_forks_after_the_parent_moved(peer, page_size):

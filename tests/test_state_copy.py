@@ -58,6 +58,8 @@ def test_nothing_to_copy_and_mismatches():
         copier.copy(src, torch.tensor([0]), dst.double(), torch.tensor([0]))
     with pytest.raises(ValueError, match="2 source slots for 1 targets"):
         copier.copy(src, torch.tensor([0, 1]), dst, torch.tensor([0]))
+    with pytest.raises(ValueError, match="within one pool"):  # the Forker gathers, then scatters
+        copier.copy(src, torch.tensor([0]), src, torch.tensor([1]))
 
 
 def test_the_staging_buffer_grows_to_hold_one_slot_of_every_layer():

@@ -120,14 +120,18 @@ class StateCopier:
     ) -> int:
         """``dst[:, dst_slots] = src[:, src_slots]`` (all layers); returns the bytes copied.
 
-        ``src`` and ``dst`` have the same layer count, dtype and per-slot state shape; the slot
-        lists have the same length and ``dst_slots`` has no repeats."""
+        ``src`` and ``dst`` have the same layer count, dtype and per-slot state shape, and are
+        two tensors (a copy within one pool gathers, then scatters: its gathers would write into
+        a view of their own source); the slot lists have the same length and ``dst_slots`` has
+        no repeats."""
         if src.shape[0] != dst.shape[0] or src.shape[2:] != dst.shape[2:] or src.dtype != dst.dtype:
             raise ValueError(f"cannot copy {tuple(src.shape)} {src.dtype} into {tuple(dst.shape)}")
         if src_slots.numel() != dst_slots.numel():
             raise ValueError(f"{src_slots.numel()} source slots for {dst_slots.numel()} targets")
         if src_slots.numel() == 0 or src.shape[0] == 0:
             return 0
+        if src.untyped_storage().data_ptr() == dst.untyped_storage().data_ptr():
+            raise ValueError("a copy within one pool's tensor: gather, then scatter")
         slot_bytes = math.prod(src.shape[2:]) * src.element_size()
         if slot_bytes >= self.direct_bytes:
             runs = contiguous_runs(src_slots.cpu(), dst_slots.cpu())

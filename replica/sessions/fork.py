@@ -84,7 +84,7 @@ class Forker:
             return self._share_on_gpu(parent, state), None
         host = self._host_slots(n)
         try:
-            self._copy(self.gpu, self._gpu_places(parent.seq.req_pool_idx, state, n), host)
+            self._copy_to_host(self._gpu_places(parent.seq.req_pool_idx, state, n), host)
         except BaseException:
             self.residency.parker.host.free([host])
             raise
@@ -100,7 +100,7 @@ class Forker:
             pages = [] if partial is None else [partial]
             at = Places(_ints([state]), _ints([src for src, _ in pages]))
             to = Places(_ints([seq.mamba_pool_idx]), _ints([dst for _, dst in pages]))
-            self._count(self._copy_within_gpu(at, to), len(pages))
+            self._count(self._copy_within(self.gpu, at, to), len(pages))
         except BaseException:
             self.pool.free_seq(seq, held)
             raise
@@ -126,7 +126,8 @@ class Forker:
             return seq, None
         host = self._host_slots(n)
         try:
-            self._copy(self.host, at, host)
+            to = Places(_ints([host.mamba_idx]), host.kv_pages)
+            self._count(self._copy_within(self.host, at, to), host.kv_pages.numel())
         except BaseException:
             self.residency.parker.host.free([host])
             raise
@@ -147,15 +148,17 @@ class Forker:
             )
         return parker.host.alloc([pages])[0]
 
-    def _copy(self, src: StateTensors, at: Places, host: HostSlots) -> None:
+    def _copy_to_host(self, at: Places, host: HostSlots) -> None:
+        """The GPU's state at ``at`` into the host slots ``host`` (the copier's staged copy)."""
         to = Places(_ints([host.mamba_idx]), host.kv_pages)
-        self._count(self.copier.copy_state(src, at, self.host, to), host.kv_pages.numel())
+        self._count(self.copier.copy_state(self.gpu, at, self.host, to), host.kv_pages.numel())
 
-    def _copy_within_gpu(self, at: Places, to: Places) -> int:
-        """``to = at`` inside the GPU pools: one gather and one scatter per state kind (the
-        copier's gathers write into their target, which must not overlap their source)."""
+    def _copy_within(self, tensors: StateTensors, at: Places, to: Places) -> int:
+        """``to = at`` inside one tier's pools (``tensors``: the GPU's or the host's): one gather
+        and one scatter per state kind (the copier's gathers write into their target, and its
+        scatters read a view of their target, neither of which may overlap in one tensor)."""
         copied = 0
-        kinds = zip(self.gpu, _per_kind(at), _per_kind(to))
+        kinds = zip(tensors, _per_kind(at), _per_kind(to))
         for tensor, src, dst in kinds:
             if src.numel():
                 part = tensor.index_select(1, src.to(tensor.device))
