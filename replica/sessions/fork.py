@@ -126,8 +126,7 @@ class Forker:
             return seq, None
         host = self._host_slots(n)
         try:
-            to = Places(_ints([host.mamba_idx]), host.kv_pages)
-            self._count(self._copy_within(self.host, at, to), host.kv_pages.numel())
+            self._count(self._copy_within(self.host, at, _places(host)), host.kv_pages.numel())
         except BaseException:
             self.residency.parker.host.free([host])
             raise
@@ -150,8 +149,8 @@ class Forker:
 
     def _copy_to_host(self, at: Places, host: HostSlots) -> None:
         """The GPU's state at ``at`` into the host slots ``host`` (the copier's staged copy)."""
-        to = Places(_ints([host.mamba_idx]), host.kv_pages)
-        self._count(self.copier.copy_state(self.gpu, at, self.host, to), host.kv_pages.numel())
+        copied = self.copier.copy_state(self.gpu, at, self.host, _places(host))
+        self._count(copied, host.kv_pages.numel())
 
     def _copy_within(self, tensors: StateTensors, at: Places, to: Places) -> int:
         """``to = at`` inside one tier's pools (``tensors``: the GPU's or the host's): one gather
@@ -181,6 +180,11 @@ class Forker:
 def _per_kind(places: Places) -> tuple[torch.Tensor, ...]:
     """The slots of each state kind (conv, SSM, K, V) at ``places``."""
     return places.mamba, places.mamba, places.pages, places.pages
+
+
+def _places(host: HostSlots) -> Places:
+    """Where a session's state lies in the host tier's pools."""
+    return Places(_ints([host.mamba_idx]), host.kv_pages)
 
 
 def _ints(values: list[int]) -> torch.Tensor:
