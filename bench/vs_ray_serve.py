@@ -34,6 +34,7 @@ from bench.harness.report import Goal, Table
 from bench.harness.serve_peer import ServeDriver, start_peer
 from bench.harness.side_costs import SideCosts
 from bench.harness.stats import Spread, ratios
+from bench.harness.window import LifecycleSamples
 from bench.harness.workload import TokenRounds
 
 CONCURRENCY = 64
@@ -62,24 +63,20 @@ async def measure(cluster: LocalCluster, args: argparse.Namespace) -> list[Goal]
     runs: dict[str, list[float]] = defaultdict(list)
     clients = {grpc.pid: "client", bare.pid: "client"}
     costs = SideCosts(CpuMeter(clients, {**ACTOR_GROUPS, **GROUPS}))
-    lifecycles = costs.run  # units: rate × wall (the window's rate over the whole run)
-
-    async def tokens(side: str, work) -> TokenRounds:
-        return await costs.run(side, work, lambda result, _: result.tokens)
-
     try:
         for driver in (grpc, peer, bare):  # every path warm
             await driver.lifecycles(CONCURRENCY, 0.5, 0.0, 8)
         for _ in range(args.repeats):
             for side, driver in (("ours", grpc), ("serve", peer), (BARE, bare)):
                 work = driver.lifecycles(CONCURRENCY, seconds, warmup, 8)
-                done = await lifecycles(f"{side} lifecycles", work, lambda r, wall: r.rate * wall)
+                done = await costs.run(f"{side} lifecycles", work, lifecycles_done)
                 runs[f"{side} lifecycles"].append(done.rate)
             async with cluster.on_first_replica():
-                ours = await tokens("ours tokens", grpc.token_rounds(STREAMS, NEW_TOKENS, rounds))
+                work = grpc.token_rounds(STREAMS, NEW_TOKENS, rounds)
+                ours = await costs.run("ours tokens", work, tokens_done)
             runs["ours tokens"].append(ours.rate)
-            theirs = await tokens("serve tokens", peer.token_rounds(STREAMS, NEW_TOKENS, rounds))
-            runs["serve tokens"].append(theirs.rate)
+            work = peer.token_rounds(STREAMS, NEW_TOKENS, rounds)
+            runs["serve tokens"].append((await costs.run("serve tokens", work, tokens_done)).rate)
     finally:
         serve.shutdown()
         bare.stop()
@@ -112,6 +109,15 @@ async def measure(cluster: LocalCluster, args: argparse.Namespace) -> list[Goal]
             GOAL_TOKENS,
         ),
     ]
+
+
+def lifecycles_done(samples: LifecycleSamples, wall: float) -> float:
+    """Lifecycles a run did: its window's rate over the whole run."""
+    return samples.rate * wall
+
+
+def tokens_done(rounds: TokenRounds, wall: float) -> float:
+    return rounds.tokens
 
 
 def print_costs(costs: SideCosts, runs: dict[str, list[float]]) -> None:

@@ -55,7 +55,7 @@ class SideCosts:
             table.add(
                 side,
                 f"{self.cores(side):.2f}",
-                f"{scale * sum(self.used[side].values()) / n:.2f}",
+                f"{self.per_unit_ms(side) * scale / 1000:.2f}",
                 *(f"{scale * self.used[side][g] / n:.2f}" for g in groups),
             )
         table.print()
