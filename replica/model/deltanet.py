@@ -137,7 +137,7 @@ class GatedDeltaNet(nn.Module):
         if kernels.fla_step(h):  # in place in the pool, by slot
             o = kernels.gated_delta_step(q, k, v, g, beta, state_buf, slots)
         elif rows is not None:  # CPU float32 state (``StateRows``)
-            o = gated_delta_step_in_place(q, k, v, g, beta, rows, state_buf, slots)
+            o = gated_delta_step_in_place(q, k, v, g, beta, rows)
         else:
             state = state_buf.index_select(0, slots).float()  # a copy, updated in place
             o, state = gated_delta_step(q, k, v, g, beta, state)

@@ -199,16 +199,32 @@ class Mamba2Mixer(nn.Module):
             )
             torch._foreach_mul_(rows, decay.unbind(0))
             torch._foreach_addcmul_(rows, dtx[..., None].unbind(0), per_head[:, :, None].unbind(0))
-            state = ssm_buf.index_select(0, slots)  # [B, h, p, n], the new state
-        else:
-            # on a copy, one matrix per group (no per-head copies of B), then written back
-            state = ssm_buf.index_select(0, slots).float()
-            groups = batch * self.n_groups
-            state.mul_(decay)
-            flat = state.view(groups, -1, n)
-            flat.baddbmm_(dtx.view(groups, -1, 1), B.reshape(groups, 1, n))
-            ssm_buf.index_copy_(0, slots, state.to(ssm_buf.dtype))
-        # as C^T S^T: with the state as the right operand, CPU BLAS runs it ~8x faster than S C
+            return _read_rows(rows, C, self.n_heads, self.head_dim)
+        # on a copy, one matrix per group (no per-head copies of B), then written back
+        state = ssm_buf.index_select(0, slots).float()
         groups = batch * self.n_groups
+        state.mul_(decay)
+        flat = state.view(groups, -1, n)
+        flat.baddbmm_(dtx.view(groups, -1, 1), B.reshape(groups, 1, n))
+        ssm_buf.index_copy_(0, slots, state.to(ssm_buf.dtype))
+        # as C^T S^T: with the state as the right operand, CPU BLAS runs it ~8x faster than S C
         y = torch.bmm(C.reshape(groups, 1, n), state.view(groups, -1, n).transpose(1, 2))
         return y.view(batch, self.n_heads, self.head_dim)
+
+
+def _read_rows(
+    rows: list[torch.Tensor], C: torch.Tensor, heads: int, head_dim: int
+) -> torch.Tensor:
+    """``y = S C`` ``[B, h, p]`` from each row's state where it lives (``rows[b] [h, p, n]``):
+    one product per row reads it once, where gathering the batch's states for one batched
+    product would read and write them first (half as fast again on the CPU). One group: a
+    matrix-vector product; more: C^T S^T per group, the state as the right operand, as above."""
+    groups, n = C.shape[1], C.shape[2]
+    if groups == 1:
+        y = [torch.mv(row.view(-1, n), c.view(n)) for row, c in zip(rows, C)]
+    else:
+        y = [
+            torch.bmm(c[:, None, :], row.view(groups, -1, n).transpose(1, 2))
+            for row, c in zip(rows, C)
+        ]
+    return torch.stack(y).view(len(rows), heads, head_dim)

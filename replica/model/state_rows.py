@@ -1,9 +1,10 @@
 """``StateRows``: a view of each decode row's temporal state where it lives in the pool, so a
 decode step updates the batch's recurrent state in place instead of copying it out and back.
 
-A decode step of a recurrent mixer reads every row's state once (one ``index_select`` by slot,
-which its output needs anyway) and updates it with ``torch._foreach_*`` ops over these views: one
-call for the whole batch, the work per row done in C++. Scattering the updated copy back with
+A decode step of a recurrent mixer updates every row's state with ``torch._foreach_*`` ops over
+these views (one call for the whole batch, the work per row done in C++) and reads it for its
+output with one product per row: nothing is gathered (an ``index_select`` of the batch's states
+for one batched product cost as much again as the products). Scattering the updated copy back with
 ``index_copy_`` cost more than the rest of the state's update together on the CPU (it moves the
 largest tensor of the step at a third of ``copy_``'s speed).
 
