@@ -7,12 +7,8 @@ from __future__ import annotations
 import asyncio
 
 from replica.api import SessionStates
-from replica.checkpoints.outbox import (
-    DROP_DELAY_S,
-    CheckpointBlank,
-    CheckpointDrop,
-    CheckpointOutbox,
-)
+from replica.checkpoints.entries import DROP_DELAY_S, CheckpointBlank, CheckpointDrop
+from replica.checkpoints.outbox import CheckpointOutbox
 from tests.support.engine import close_and_check, greedy, make_engine, run_turn
 
 

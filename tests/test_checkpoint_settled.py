@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 
-from replica.checkpoints.outbox import CheckpointDrop, CheckpointOutbox
+from replica.checkpoints.entries import CheckpointDrop
+from replica.checkpoints.outbox import CheckpointOutbox
 from tests.support.engine import close_and_check, greedy, make_engine, run_turn
 
 

@@ -13,9 +13,10 @@ import pytest
 
 from replica.actor.gateway_outputs import GatewayOutputs
 from replica.api import FinishReason, SamplingParams, TurnEvent
+from replica.checkpoints.entries import DROP_DELAY_S, CheckpointDrop
 from replica.checkpoints.held_outputs import STEP_WAIT_S
 from replica.checkpoints.log import CheckpointBatch
-from replica.checkpoints.outbox import DROP_DELAY_S, CheckpointDrop, CheckpointOutbox
+from replica.checkpoints.outbox import CheckpointOutbox
 from replica.engine.step_outputs import StepOutputs
 from router.gateway.delivery import hand_out
 from router.gateway.inbox import Inbox, pieces

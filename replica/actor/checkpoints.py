@@ -31,9 +31,9 @@ import ray
 
 from replica.actor.engine_host import EngineHost
 from replica.actor.tasks import BackgroundTasks
-from replica.api import SessionStates
+from replica.checkpoints.entries import CheckpointEntry
 from replica.checkpoints.log import CheckpointBatch
-from replica.checkpoints.outbox import CheckpointBlank, CheckpointDrop, CheckpointOutbox
+from replica.checkpoints.outbox import CheckpointOutbox
 from replica.checkpoints.store_client import CheckpointStoreClient
 from replica.failpoints import CallFaults
 
@@ -103,7 +103,7 @@ class CheckpointCalls:
 
     async def stream(
         self, store: Any, confirm_on_ack: bool
-    ) -> AsyncIterator[list[SessionStates | CheckpointDrop | CheckpointBlank]]:
+    ) -> AsyncIterator[list[CheckpointEntry]]:
         await self.host.start()
         if self.outbox is None:
             return
@@ -125,7 +125,7 @@ class CheckpointCalls:
     async def _checkpoint_all(self) -> None:
         count = await self.host.call(self.engine.session_ops.checkpoint_all)
         if isinstance(count, int) and count:
-            self.outbox.recheckpointed_total += count
+            self.outbox.counts.recheckpointed_total += count
             log.warning("a new checkpoint store follows: %d sessions checkpointed again", count)
 
     async def _watch_store(self) -> None:

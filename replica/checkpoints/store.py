@@ -46,8 +46,9 @@ import ray
 from replica.actor.client import ReplicaClient
 from replica.api import SessionMeta, SessionStates
 from replica.checkpoints.chain import MAX_DELTAS, BrokenChainError, CheckpointChain, fold
+from replica.checkpoints.entries import CheckpointBlank, CheckpointDrop
 from replica.checkpoints.files import CheckpointFiles
-from replica.checkpoints.outbox import ACK_INTERVAL_S, CheckpointBlank, CheckpointDrop
+from replica.checkpoints.outbox import ACK_INTERVAL_S
 from replica.checkpoints.released import ReleasedSessions
 from replica.checkpoints.stream_reads import refs
 
