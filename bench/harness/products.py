@@ -31,6 +31,8 @@ PRODUCT_OPS = frozenset(
         aten.matmul.default,
         aten.mm.default,
         aten.addmm.default,
+        aten.mv.default,  # the recurrent state read by matrix-vector products, one per row
+        aten.addmv.default,
         aten.bmm.default,
         aten.baddbmm.default,
         aten._grouped_mm.default,

@@ -96,16 +96,15 @@ def gated_delta_step_in_place(
     g: torch.Tensor,
     beta: torch.Tensor,
     rows: list[torch.Tensor],
+    state_buf: torch.Tensor,
+    slots: torch.Tensor,
 ) -> torch.Tensor:
     """:func:`gated_delta_step` on the states where they live: ``rows[b]`` is the float32 view
-    of row ``b``'s slot in the state buffer (``StateRows``), updated in place. Returns ``o [b, h,
-    dv]``."""
+    of ``state_buf[slots[b]]`` (``StateRows``), updated in place. Returns ``o [b, h, dv]``."""
     torch._foreach_mul_(rows, g.exp()[..., None, None].unbind(0))
-    # S^T k and S^T q from each row's decayed state where it lives: one product per row reads it
-    # once (gathering the batch's states for one batched product reads and writes them first)
-    kq = torch.stack([k, q], dim=2)  # [b, h, 2, dk]
-    read = torch.stack([torch.bmm(x, row) for x, row in zip(kq, rows)])
-    out, delta = _output(q, k, v, beta, read)
+    state = state_buf.index_select(0, slots)  # the decayed states, read once
+    b, h, dk, dv = state.shape
+    out, delta = _read(q, k, v, beta, state.view(b * h, dk, dv))
     torch._foreach_addcmul_(rows, k[..., None].unbind(0), delta[:, :, None].unbind(0))
     return out
 
@@ -115,15 +114,7 @@ def _read(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """From the decayed states ``flat [b*h, dk, dv]``: the output and the write ``delta``."""
     b, h, dk = k.shape
-    # S^T k and S^T q in one pass over the state
+    # S^T k and S^T q in one pass over the state; then o = (S + k delta^T)^T q needs no second
     read = torch.bmm(torch.stack([k, q], dim=2).view(b * h, 2, dk), flat).view(b, h, 2, -1)
-    return _output(q, k, v, beta, read)
-
-
-def _output(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, read: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """From ``read [b, h, 2, dv]`` (S^T k, S^T q of the decayed states): the output and the
-    write ``delta``; o = (S + k delta^T)^T q needs no second pass over the state."""
     delta = (v - read[:, :, 0]) * beta[..., None]
     return read[:, :, 1] + delta * (k * q).sum(-1, keepdim=True), delta

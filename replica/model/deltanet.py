@@ -24,6 +24,7 @@ from replica.model.delta_rule import (
     gated_delta_step_in_place,
 )
 from replica.model.layers import GatedRMSNorm
+from replica.model.state_rows import LayerRows
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
@@ -124,7 +125,7 @@ class GatedDeltaNet(nn.Module):
         conv_buf: torch.Tensor,
         state_buf: torch.Tensor,
         slots: torch.Tensor,
-        rows: list[torch.Tensor] | None = None,
+        rows: LayerRows | None = None,
         inert: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One token per row of ``h [B, hidden]``, as :meth:`Mamba2Mixer.decode` (same contract,
@@ -137,7 +138,7 @@ class GatedDeltaNet(nn.Module):
         if kernels.fla_step(h):  # in place in the pool, by slot
             o = kernels.gated_delta_step(q, k, v, g, beta, state_buf, slots)
         elif rows is not None:  # CPU float32 state (``StateRows``)
-            o = gated_delta_step_in_place(q, k, v, g, beta, rows)
+            o = gated_delta_step_in_place(q, k, v, g, beta, rows.views, state_buf, slots)
         else:
             state = state_buf.index_select(0, slots).float()  # a copy, updated in place
             o, state = gated_delta_step(q, k, v, g, beta, state)

@@ -22,6 +22,7 @@ from replica.model.config import ModelConfig
 from replica.model.conv import conv_extend, conv_step
 from replica.model.layers import GatedRMSNorm
 from replica.model.ssd import ssd_chunk_scan
+from replica.model.state_rows import LayerRows
 
 
 class Mamba2Mixer(nn.Module):
@@ -144,7 +145,7 @@ class Mamba2Mixer(nn.Module):
         conv_buf: torch.Tensor,
         ssm_buf: torch.Tensor,
         slots: torch.Tensor,
-        rows: list[torch.Tensor] | None = None,
+        rows: LayerRows | None = None,
         inert: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One step for each row of ``h [B, hidden]``; row ``b`` uses and updates ``slots[b]``.
@@ -152,10 +153,10 @@ class Mamba2Mixer(nn.Module):
         Slots must be distinct within the batch, but for ``inert`` rows (``[B]`` bool, a padded
         batch's rows on the scratch slot): their SSM step has a zero time step, so it leaves
         their slot's SSM state as it was (the kernel updates the pool in place, row by row in
-        parallel, and rows sharing a slot must not change what another reads). ``rows[b]``, when
-        given, is the view of ``ssm_buf[slots[b]]`` (``StateRows``): the PyTorch path then
-        updates the SSM state where it lives. Every operation is row-wise, so a row's result
-        does not depend on the other rows.
+        parallel, and rows sharing a slot must not change what another reads). ``rows``, when
+        given, are the views of ``ssm_buf[slots]`` (``StateRows``): the PyTorch path then
+        updates and reads the SSM state where it lives. Every operation is row-wise, so a row's
+        result does not depend on the other rows.
         """
         batch = h.shape[0]
         gate, xbc, dt = self._project(h)
@@ -185,7 +186,7 @@ class Mamba2Mixer(nn.Module):
         C: torch.Tensor,
         ssm_buf: torch.Tensor,
         slots: torch.Tensor,
-        rows: list[torch.Tensor] | None,
+        rows: LayerRows | None,
     ) -> torch.Tensor:
         """``S <- exp(dt A) S + (dt x) B^T`` in each row's slot, then ``y = S C`` ``[B, h, p]``."""
         batch, n = x.shape[0], self.d_state
@@ -197,8 +198,9 @@ class Mamba2Mixer(nn.Module):
             per_head = (
                 B if self.n_groups == 1 else B.repeat_interleave(self.n_heads // self.n_groups, 1)
             )
-            torch._foreach_mul_(rows, decay.unbind(0))
-            torch._foreach_addcmul_(rows, dtx[..., None].unbind(0), per_head[:, :, None].unbind(0))
+            views = rows.views
+            torch._foreach_mul_(views, decay.unbind(0))
+            torch._foreach_addcmul_(views, dtx[..., None].unbind(0), per_head[:, :, None].unbind(0))
             return _read_rows(rows, C, self.n_heads, self.head_dim)
         # on a copy, one matrix per group (no per-head copies of B), then written back
         state = ssm_buf.index_select(0, slots).float()
@@ -212,19 +214,11 @@ class Mamba2Mixer(nn.Module):
         return y.view(batch, self.n_heads, self.head_dim)
 
 
-def _read_rows(
-    rows: list[torch.Tensor], C: torch.Tensor, heads: int, head_dim: int
-) -> torch.Tensor:
-    """``y = S C`` ``[B, h, p]`` from each row's state where it lives (``rows[b] [h, p, n]``):
-    one product per row reads it once, where gathering the batch's states for one batched
-    product would read and write them first (half as fast again on the CPU). One group: a
-    matrix-vector product; more: C^T S^T per group, the state as the right operand, as above."""
-    groups, n = C.shape[1], C.shape[2]
-    if groups == 1:
-        y = [torch.mv(row.view(-1, n), c.view(n)) for row, c in zip(rows, C)]
-    else:
-        y = [
-            torch.bmm(c[:, None, :], row.view(groups, -1, n).transpose(1, 2))
-            for row, c in zip(rows, C)
-        ]
-    return torch.stack(y).view(len(rows), heads, head_dim)
+def _read_rows(rows: LayerRows, C: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
+    """``y = S C`` ``[B, h, p]`` from each row's state where it lives: one matrix-vector
+    product a row and group, all in one call (``torch._foreach_mm``), reads it once, where
+    gathering the batch's states for one batched product would read and write them first (half
+    as fast again on the CPU)."""
+    batch, groups, n = C.shape
+    y = torch._foreach_mm(rows.matrices(groups), C.reshape(batch * groups, n, 1).unbind(0))
+    return torch.stack(y).view(batch, heads, head_dim)

@@ -1,12 +1,15 @@
 """``StateRows``: a view of each decode row's temporal state where it lives in the pool, so a
-decode step updates the batch's recurrent state in place instead of copying it out and back.
+decode step updates and reads the batch's recurrent state in place instead of copying it out and
+back.
 
-A decode step of a recurrent mixer updates every row's state with ``torch._foreach_*`` ops over
-these views (one call for the whole batch, the work per row done in C++) and reads it for its
-output with one product per row: nothing is gathered (an ``index_select`` of the batch's states
-for one batched product cost as much again as the products). Scattering the updated copy back with
-``index_copy_`` cost more than the rest of the state's update together on the CPU (it moves the
-largest tensor of the step at a third of ``copy_``'s speed).
+A decode step of a Mamba2 layer updates every row's state with ``torch._foreach_*`` ops over
+these views and reads it for its output with ``torch._foreach_mm`` over the rows' state
+matrices (``LayerRows.matrices``): one call each for the whole batch, the work per row done in
+C++, nothing gathered. Scattering an updated copy back with ``index_copy_`` cost more than the
+rest of the state's update together on the CPU (it moves the largest tensor of the step at a
+third of ``copy_``'s speed), and gathering the batch's states for one batched product as much
+again as the products. A gated DeltaNet layer reads its updated states by one gather: its read
+is a small product a head, too many for one call a matrix to pay (measured: no faster).
 
 Built once per decode batch (the engine keeps it while the batch's turns are the same); the views
 stay valid because the pools never reallocate their tensors. Only for float32 state on the CPU:
@@ -22,8 +25,29 @@ from typing import NamedTuple
 import torch
 
 
+class LayerRows:
+    """One recurrent layer's views of the batch's rows: ``views[b]`` is row ``b``'s slot of the
+    layer's temporal-state buffer."""
+
+    __slots__ = ("views", "_matrices")
+
+    def __init__(self, views: list[torch.Tensor]) -> None:
+        self.views = views
+        self._matrices: dict[int, list[torch.Tensor]] = {}
+
+    def matrices(self, groups: int) -> list[torch.Tensor]:
+        """Each row's state as ``groups`` matrices ``[rest, last dim]`` (row by row, group by
+        group), views made on first use and kept with the rows."""
+        found = self._matrices.get(groups)
+        if found is None:
+            n = self.views[0].shape[-1]
+            found = [m for view in self.views for m in view.view(groups, -1, n).unbind(0)]
+            self._matrices[groups] = found
+        return found
+
+
 class StateRows(NamedTuple):
-    ssm: list[list[torch.Tensor]]  # [recurrent layer][row]: that row's slot of ``LayerBuffers.ssm``
+    ssm: list[LayerRows]  # [recurrent layer]: the rows' slots of its ``LayerBuffers.ssm``
 
     @classmethod
     def build(
@@ -39,4 +63,4 @@ class StateRows(NamedTuple):
             return None
         if isinstance(slots, torch.Tensor):
             slots = slots.tolist()
-        return cls(ssm=[[buf[s] for s in slots] for buf in ssm_buffers])
+        return cls(ssm=[LayerRows([buf[s] for s in slots]) for buf in ssm_buffers])
