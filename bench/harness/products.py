@@ -31,8 +31,7 @@ PRODUCT_OPS = frozenset(
         aten.matmul.default,
         aten.mm.default,
         aten.addmm.default,
-        aten.mv.default,  # the recurrent state read by matrix-vector products, one per row
-        aten.addmv.default,
+        aten._foreach_mm.default,  # a Mamba2 layer's read of its rows' states, one call
         aten.bmm.default,
         aten.baddbmm.default,
         aten._grouped_mm.default,
