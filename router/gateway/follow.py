@@ -25,7 +25,7 @@ from router.gateway.background import Background
 from router.gateway.cluster_view import ClusterView
 from router.gateway.convert import Refused, check
 from router.gateway.delivery import Delivery
-from router.gateway.metrics import GatewayMetrics
+from router.gateway.gateway_metrics import GatewayMetrics
 from router.gateway.replica_calls import ReplicaCallsByReplica
 from router.gateway.route_cache import RouteCache
 from router.gateway.router_updates import RouterUpdates

@@ -31,7 +31,7 @@ from router.gateway.convert import MAX_TEXT_BYTES, Refused, check, open_prefix
 from router.gateway.delivery import Delivery
 from router.gateway.direct_opens import DirectOpener
 from router.gateway.follow import Follower
-from router.gateway.metrics import GatewayMetrics
+from router.gateway.gateway_metrics import GatewayMetrics
 from router.gateway.replica_calls import ReplicaCallsByReplica
 from router.gateway.route_cache import RouteCache
 from router.gateway.router_updates import RouterUpdates

@@ -3,8 +3,9 @@
 ``ClusterCollector`` turns the router's cached ``ReplicaView``s into per-replica metric families on
 every scrape; it never calls an actor, so a scrape costs only the ``views_fn`` call. Series carry
 the ``replica`` label and never the incarnation, so an actor's restart does not split them.
-``GatewayMetrics`` holds the gateway's own counters and histograms. ``build_registry`` wires both
-into a fresh ``CollectorRegistry`` and ``serve_metrics`` serves it over HTTP.
+``build_registry`` wires it and the gateway's own counters and histograms
+(``router.gateway.gateway_metrics``) into a fresh ``CollectorRegistry``, and ``serve_metrics``
+serves it over HTTP.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -24,33 +25,15 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from replica.api import POOL_NAMES, POOL_STATES, HistogramCounts, ReleaseReason, StatusCode
+from replica.api import POOL_NAMES, POOL_STATES, HistogramCounts, ReleaseReason
 from router.control.api import ReplicaHealth, ReplicaView
 from router.gateway.cache_metrics import state_cache_families
 from router.gateway.call_error_metrics import router_call_error_family
+from router.gateway.gateway_metrics import GatewayMetrics
 from router.gateway.migration_metrics import migration_families
 from router.gateway.step_metrics import step_families
 
 RELEASE_REASONS = tuple(reason.value for reason in ReleaseReason)
-RPC_BUCKETS = (
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
-)
-TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 class ClusterCollector(Collector):
@@ -187,86 +170,6 @@ def histogram_buckets(counts: HistogramCounts) -> tuple[list[tuple[str, float]],
     """A replica's ``HistogramCounts`` as Prometheus buckets (with ``+Inf``) and sum."""
     buckets = [(repr(float(b)), float(n)) for b, n in zip(counts.bounds, counts.buckets)]
     return [*buckets, ("+Inf", float(counts.count))], counts.total
-
-
-class GatewayMetrics:
-    """The gateway's own metrics, registered on ``registry`` (once per registry). Thread-safe."""
-
-    __slots__ = (
-        "rpc_requests",
-        "rpc_duration",
-        "time_to_first_token",
-        "generated_tokens",
-        "open_rejected",
-        "replica_call_errors",
-        "_rpc_children",
-    )
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.rpc_requests = Counter(
-            "session_router_rpc_requests_total",
-            "gRPC calls handled, by method and status code.",
-            ["method", "code"],
-            registry=registry,
-        )
-        self.rpc_duration = Histogram(
-            "session_router_rpc_duration_seconds",
-            "gRPC call duration in seconds (streams: to the last chunk).",
-            ["method"],
-            buckets=RPC_BUCKETS,
-            registry=registry,
-        )
-        self.time_to_first_token = Histogram(
-            "session_router_time_to_first_token_seconds",
-            "Seconds from a turn's submission to its first token.",
-            buckets=TTFT_BUCKETS,
-            registry=registry,
-        )
-        self.generated_tokens = Counter(
-            "session_router_generated_tokens_total",
-            "Tokens streamed to clients.",
-            registry=registry,
-        )
-        self._rpc_children: dict[tuple[str, StatusCode], tuple] = {}
-        self.open_rejected = Counter(
-            "session_router_open_rejected_total",
-            "OpenSession calls refused, by reason.",
-            ["reason"],
-            registry=registry,
-        )
-        self.replica_call_errors = Counter(
-            "session_router_replica_call_errors_total",
-            "Calls of this gateway to a replica that raised, by method and kind "
-            "(application: the replica raised; transient: retried, then UNAVAILABLE; dead).",
-            ["method", "kind"],
-            registry=registry,
-        )
-
-    def observe_rpc(self, method: str, code: StatusCode, seconds: float) -> None:
-        """Count one finished call (label ``code``: the status name, e.g. "OK")."""
-        children = self._rpc_children.get((method, code))
-        if children is None:  # labels() takes a lock and a lookup: once per method and code
-            children = self._rpc_children[method, code] = (
-                self.rpc_requests.labels(method=method, code=StatusCode(code).value),
-                self.rpc_duration.labels(method=method),
-            )
-        children[0].inc()
-        children[1].observe(max(0.0, seconds))
-
-    def observe_first_token(self, seconds: float) -> None:
-        self.time_to_first_token.observe(max(0.0, seconds))
-
-    def add_generated_tokens(self, count: int) -> None:
-        if count > 0:
-            self.generated_tokens.inc(count)
-
-    def open_rejected_for(self, reason: str) -> None:
-        """Count one refused OpenSession (e.g. reason="no_room", "no_replicas", "timeout")."""
-        self.open_rejected.labels(reason=reason).inc()
-
-    def replica_call_failed(self, method: str, kind: str) -> None:
-        """Count one replica call that raised (kind: "application", "transient" or "dead")."""
-        self.replica_call_errors.labels(method=method, kind=kind).inc()
 
 
 def build_registry(

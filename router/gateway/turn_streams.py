@@ -42,8 +42,8 @@ from router.gateway.background import Background
 from router.gateway.convert import MAX_TEXT_BYTES, Refused, chunk_from_piece
 from router.gateway.delivery import Delivery
 from router.gateway.follow import Follower
+from router.gateway.gateway_metrics import GatewayMetrics
 from router.gateway.inbox import Inbox, Piece, ReplicaLost, pieces
-from router.gateway.metrics import GatewayMetrics
 from router.gateway.replica_calls import ReplicaCallsByReplica
 
 
