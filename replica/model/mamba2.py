@@ -217,8 +217,8 @@ class Mamba2Mixer(nn.Module):
 def _read_rows(rows: LayerRows, C: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
     """``y = S C`` ``[B, h, p]`` from each row's state where it lives: one matrix-vector
     product a row and group, all in one call (``torch._foreach_mm``), reads it once, where
-    gathering the batch's states for one batched product would read and write them first (half
-    as fast again on the CPU)."""
+    gathering the batch's states for one batched product would read and write them first
+    (about twice the time on the CPU)."""
     batch, groups, n = C.shape
     y = torch._foreach_mm(rows.matrices(groups), C.reshape(batch * groups, n, 1).unbind(0))
     return torch.stack(y).view(batch, heads, head_dim)
