@@ -101,11 +101,11 @@ class CheckpointOutbox:
             self.unsaved = self.unsaved.union(batch.unsaved).difference(batch.released)
         if not self.connected:
             return
-        self.counts.released(batch.released, batch.dropped)
-        for session_id in batch.released:
-            self._chains.pop(session_id, None)
-            self._blank_at.pop(session_id, None)
         if batch.released:  # nothing of theirs is left to protect
+            self.counts.released(batch.released, batch.dropped)
+            for session_id in batch.released:
+                self._chains.pop(session_id, None)
+                self._blank_at.pop(session_id, None)
             self.durable_waits.settle(batch.released)
         if batch.dropped:
             self._put(CheckpointDrop(tuple(batch.dropped)))
