@@ -6,6 +6,9 @@ The first test reads a real streaming actor call to its end. The second makes th
 wake-up happen: Ray's miss cannot be caused on purpose, so its stream is a stand-in whose
 pending read never wakes although its next item is ready, as the checkpoint store's read was
 seen to under load; before ``next_ref`` that read waited until some later event (10 s and more).
+The third misses the wake-up at a real stream's end, read in an async actor as the store reads:
+``next_ready()`` is False there, so before ``refs`` watched the task's completion the read
+waited for good, and the check itself made a blocking ``ray.get`` in the actor's event loop.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import time
 import ray
 
 from replica.checkpoints.stream_reads import RECHECK_S, next_ref, refs
+
+ITEMS = 3
 
 
 @ray.remote
@@ -67,3 +72,48 @@ def test_an_item_the_read_slept_through_is_taken_within_the_recheck():
     ref, waited = asyncio.run(read())
     assert ref == "item" and stream.reads == 2 and stream.cancelled
     assert waited < RECHECK_S + 0.5
+
+
+class SleepsAtEnd:
+    """A real stream of ``ITEMS`` items whose first read of its end never wakes."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+        self.taken = 0
+        self.slept = False
+
+    def completed(self):
+        return self.stream.completed()
+
+    def next_ready(self) -> bool:
+        return self.stream.next_ready()
+
+    async def __anext__(self):
+        if self.taken == ITEMS and not self.slept:
+            self.slept = True
+            await asyncio.sleep(3600)  # the wake-up at the end that never comes
+        ref = await self.stream.__anext__()
+        self.taken += 1
+        return ref
+
+
+@ray.remote
+class StreamReader:
+    async def read_to_the_end(self, counter) -> tuple[list[int], bool]:
+        """The items of ``counter``'s stream read with ``refs``, and whether Ray saw a blocking
+        ``ray.get`` in this actor's event loop."""
+        import ray._private.worker as ray_worker
+
+        stream = SleepsAtEnd(counter.count.remote(ITEMS))
+
+        async def read_all() -> list[int]:
+            return [await ref async for ref in refs(stream, recheck_s=0.05)]
+
+        items = await asyncio.wait_for(read_all(), timeout=20)
+        return items, ray_worker.blocking_get_inside_async_warned
+
+
+def test_a_read_that_sleeps_through_the_stream_end_ends_without_blocking(ray_cluster):
+    items, blocked = ray.get(StreamReader.remote().read_to_the_end.remote(Counter.remote()))
+    assert items == list(range(ITEMS))
+    assert not blocked

@@ -1,5 +1,5 @@
-"""``next_ref``: the next item of a Ray streaming call, read so that a missed wake-up costs at
-most ``RECHECK_S``.
+"""``refs``: the items of a Ray streaming call, each read so that a missed wake-up costs at most
+``RECHECK_S``.
 
 Ray's async read of a streaming call (``async for ref in stream``) can stay asleep after the
 item it waits for has arrived: seen under load on the checkpoint store's stream (the item ready
@@ -9,11 +9,18 @@ long, so such an item was a drop whose acknowledgement never came: the replica's
 pool showed a released session's checkpoint held. The read is therefore kept waiting (one wait
 for the whole gap, so an idle stream costs nothing) and checked every ``RECHECK_S``: an item
 found ready while the read still sleeps is taken at once.
+
+A read can sleep through the stream's end the same way, and ``next_ready()`` cannot tell then
+(it is False at the end, and on a finished stream it makes a blocking ``ray.get``, which an
+async actor reports as blocking its event loop). So ``refs`` also watches the streaming task's
+completion: once the task has ended, everything it produced is at hand, and a read still
+asleep after that is replaced by a fresh one, which returns the next item or the end at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -23,32 +30,49 @@ log = logging.getLogger(__name__)
 RECHECK_S = 0.2
 
 
-async def next_ref(stream: Any, recheck_s: float = RECHECK_S) -> Any:
+async def ended(stream: Any) -> None:
+    """Returns when ``stream``'s task has ended, whether it returned or failed (its failure is
+    the stream's last item, read as any other)."""
+    with contextlib.suppress(Exception):
+        await stream.completed()
+
+
+async def next_ref(
+    stream: Any, task_ended: asyncio.Future | None = None, recheck_s: float = RECHECK_S
+) -> Any:
     """The reference of ``stream``'s next item (an ``ObjectRefGenerator``); raises
-    ``StopAsyncIteration`` at its end, as ``__anext__`` does."""
+    ``StopAsyncIteration`` at its end, as ``__anext__`` does. ``task_ended``: done once the
+    streaming task has ended (``ended``)."""
     read = asyncio.ensure_future(stream.__anext__())
     try:
         while True:
             done, _ = await asyncio.wait({read}, timeout=recheck_s)
             if done:
                 return read.result()
-            if stream.next_ready():
-                # the read slept through its item: take it here (a ready item is read without
-                # waiting; the sleeping read is cancelled before it can take anything)
-                read.cancel()
-                log.info(
-                    "a stream read slept through its item: taken %.1f s late at most", recheck_s
-                )
-                return await stream.__anext__()
+            if task_ended is not None and task_ended.done():
+                late = "the stream's next item or its end"
+            elif stream.next_ready():
+                late = "an item"
+            else:
+                continue
+            # the read slept through it: take it here (what is ready is read without waiting;
+            # the sleeping read is cancelled before it can take anything)
+            read.cancel()
+            log.info("a stream read slept through %s: taken %.1f s late at most", late, recheck_s)
+            return await stream.__anext__()
     finally:
         if not read.done():
             read.cancel()
 
 
-async def refs(stream: Any) -> AsyncIterator[Any]:
+async def refs(stream: Any, recheck_s: float = RECHECK_S) -> AsyncIterator[Any]:
     """``stream``'s item references in order, each read with ``next_ref``."""
-    while True:
-        try:
-            yield await next_ref(stream)
-        except StopAsyncIteration:
-            return
+    task_ended = asyncio.ensure_future(ended(stream))
+    try:
+        while True:
+            try:
+                yield await next_ref(stream, task_ended, recheck_s)
+            except StopAsyncIteration:
+                return
+    finally:
+        task_ended.cancel()
