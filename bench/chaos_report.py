@@ -12,16 +12,13 @@ import time
 import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import ray
 
+from bench.chaos_config import ChaosConfig
 from bench.chaos_faults import KINDS, Cluster, Hit
 from bench.chaos_load import DOCUMENTED, Tally
 from replica.api import PoolSnapshot
-
-if TYPE_CHECKING:
-    from bench.chaos import ChaosConfig
 
 FAULT_NAMES = {
     "replica": "replica SIGKILLs",

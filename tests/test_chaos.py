@@ -10,7 +10,8 @@ tests/test_e2e_migration_faults.py make those faults, focused (docs/benchmarks.m
 
 from __future__ import annotations
 
-from bench.chaos import QUICK, ChaosConfig, run_chaos
+from bench.chaos import run_chaos
+from bench.chaos_config import QUICK, ChaosConfig
 
 
 def test_every_fault_lands_and_the_cluster_heals_with_nothing_lost_or_leaked(ray_cluster):
