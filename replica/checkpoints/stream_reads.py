@@ -25,6 +25,8 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+from ray.exceptions import RayError
+
 log = logging.getLogger(__name__)
 
 RECHECK_S = 0.2
@@ -33,7 +35,7 @@ RECHECK_S = 0.2
 async def ended(stream: Any) -> None:
     """Returns when ``stream``'s task has ended, whether it returned or failed (its failure is
     the stream's last item, read as any other)."""
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(RayError):
         await stream.completed()
 
 
