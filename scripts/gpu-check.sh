@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The checks that need a GPU, in one run: scripts/gpu-check.sh [--quick] [--bundle DIR]
+# The checks that need a GPU, in one run: scripts/gpu-check.sh [--quick] [--bundle DIR] [--part P]
 #
 #   1. the fused-kernel and GPU pool tests (tests/gpu/): fail unless every one runs, none skipped
 #      (a missing `cuda-kernels` extra skips them: install it, `pip install -e .[cuda-kernels]`);
@@ -12,9 +12,13 @@
 # Every step runs (a GPU's time is scarce: one run tells everything); the failed ones are listed
 # at the end and the check fails. None of it needs Ray.
 #
+# --part P: only part of it, for a machine whose calls are time-limited: `kernels` (the CUDA
+# check and the bundle's build), `tests` (1 and 2) or `bench` (3); default `all`.
+#
 # --bundle DIR: a directory made by scripts/gpu-bundle.sh, for a machine that has PyTorch and
 # Triton but not the extra and cannot download it: its Python files go on PYTHONPATH, and
-# causal-conv1d is built from its source for this GPU first (scripts/causal_conv1d_build.py).
+# causal-conv1d is built from its source for this GPU first (scripts/causal_conv1d_build.py)
+# into .gpu-build/ (ignored by git), which a later run on the same machine finds built.
 #
 # Fails at once, saying why, on a machine without CUDA. Python: $PYTHON, else .venv/bin/python.
 # Logs and JUnit reports go to $GPU_CHECK_OUT (default: a fresh temporary directory).
@@ -23,14 +27,24 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 QUICK=()
 BUNDLE=
+PART=all
+USAGE="usage: scripts/gpu-check.sh [--quick] [--bundle DIR] [--part all|kernels|tests|bench]"
 while [ $# -gt 0 ]; do
     case $1 in
         --quick) QUICK=(--quick) ;;
         --bundle) BUNDLE=$(cd "$2" && pwd); shift ;;
-        *) echo "usage: scripts/gpu-check.sh [--quick] [--bundle DIR]" >&2; exit 2 ;;
+        --part)
+            case ${2:-} in
+                all | kernels | tests | bench) PART=$2 ;;
+                *) echo "$USAGE" >&2; exit 2 ;;
+            esac
+            shift
+            ;;
+        *) echo "$USAGE" >&2; exit 2 ;;
     esac
     shift
 done
+part() { [ "$PART" = all ] || [ "$PART" = "$1" ]; }
 OUT=${GPU_CHECK_OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
 
@@ -58,10 +72,12 @@ EOF
 
 if [ -n "$BUNDLE" ]; then
     step "the bundle's kernels ($BUNDLE)"
-    export PYTHONPATH="$BUNDLE/python${PYTHONPATH:+:$PYTHONPATH}"
+    BUILT=$PWD/.gpu-build  # not in the bundle: a later run with a fresh copy of it finds it built
+    mkdir -p "$BUILT"
+    export PYTHONPATH="$BUNDLE/python:$BUILT${PYTHONPATH:+:$PYTHONPATH}"
     if ! "$PY" -c "import causal_conv1d" 2> /dev/null; then
         for sdist in "$BUNDLE"/causal_conv1d-*.tar.gz; do
-            timeout 420 "$PY" scripts/causal_conv1d_build.py "$sdist" "$BUNDLE/python" \
+            timeout 420 "$PY" scripts/causal_conv1d_build.py "$sdist" "$BUILT" \
                 > "$OUT/causal-conv1d-build.log" 2>&1 \
                 || fail "causal-conv1d's build (log: $OUT/causal-conv1d-build.log)"
             tail -n 1 "$OUT/causal-conv1d-build.log"
@@ -90,38 +106,42 @@ sys.exit(1 if skipped or not tests else 0)
 EOF
 }
 
-step "fused kernels and GPU pools (tests/gpu), none skipped"
-run_tests gpu tests/gpu
+if part tests; then
+    step "fused kernels and GPU pools (tests/gpu), none skipped"
+    run_tests gpu tests/gpu
 
-step "engine, pool, parking and migration tests on CUDA"
-export SESSION_ROUTER_TEST_DEVICE=cuda
-run_tests engine-on-cuda \
-    tests/test_engine.py tests/test_engine_churn.py tests/test_engine_peer.py \
-    tests/test_engine_state_machine.py tests/test_batched_prefill.py \
-    tests/test_pools.py tests/test_pool_state_machine.py tests/test_slot_allocator.py \
-    tests/test_state_copy.py tests/test_parking.py tests/test_parking_exact.py \
-    tests/test_migration_exact.py \
-    tests/test_decode_padding.py tests/test_decode_graphs.py \
-    tests/models/test_family_engine.py tests/models/test_family_dtypes.py
-unset SESSION_ROUTER_TEST_DEVICE
+    step "engine, pool, parking and migration tests on CUDA"
+    export SESSION_ROUTER_TEST_DEVICE=cuda
+    run_tests engine-on-cuda \
+        tests/test_engine.py tests/test_engine_churn.py tests/test_engine_peer.py \
+        tests/test_engine_state_machine.py tests/test_batched_prefill.py \
+        tests/test_pools.py tests/test_pool_state_machine.py tests/test_slot_allocator.py \
+        tests/test_state_copy.py tests/test_parking.py tests/test_parking_exact.py \
+        tests/test_migration_exact.py \
+        tests/test_decode_padding.py tests/test_decode_graphs.py \
+        tests/models/test_family_engine.py tests/models/test_family_dtypes.py
+    unset SESSION_ROUTER_TEST_DEVICE
+fi
 
-step "bench.decode (cuda)"
-"$PY" -m bench.decode --device cuda "${QUICK[@]}" | tee "$OUT/bench-decode.txt" \
-    || fail "bench.decode"
-step "bench.step_calls (cuda)"
-"$PY" -m bench.step_calls --device cuda "${QUICK[@]}" | tee "$OUT/bench-step-calls.txt" \
-    || fail "bench.step_calls"
-step "bench.state_update (cuda): the kernels in place vs on a gathered copy"
-"$PY" -m bench.state_update --device cuda "${QUICK[@]}" | tee "$OUT/bench-state-update.txt" \
-    || fail "bench.state_update"
-step "bench.park_restore (cuda)"
-"$PY" -m bench.park_restore --device cuda "${QUICK[@]}" | tee "$OUT/bench-park-restore.txt" \
-    || fail "bench.park_restore"
-step "bench.vs_transformers (cuda, bfloat16)"
-ROUNDS=3
-[ ${#QUICK[@]} -gt 0 ] && ROUNDS=1
-"$PY" -m bench.vs_transformers --device cuda --dtype bfloat16 --rounds "$ROUNDS" \
-    | tee "$OUT/bench-vs-transformers.txt" || fail "bench.vs_transformers"
+if part bench; then
+    step "bench.decode (cuda)"
+    "$PY" -m bench.decode --device cuda "${QUICK[@]}" | tee "$OUT/bench-decode.txt" \
+        || fail "bench.decode"
+    step "bench.step_calls (cuda)"
+    "$PY" -m bench.step_calls --device cuda "${QUICK[@]}" | tee "$OUT/bench-step-calls.txt" \
+        || fail "bench.step_calls"
+    step "bench.state_update (cuda): the kernels in place vs on a gathered copy"
+    "$PY" -m bench.state_update --device cuda "${QUICK[@]}" | tee "$OUT/bench-state-update.txt" \
+        || fail "bench.state_update"
+    step "bench.park_restore (cuda)"
+    "$PY" -m bench.park_restore --device cuda "${QUICK[@]}" | tee "$OUT/bench-park-restore.txt" \
+        || fail "bench.park_restore"
+    step "bench.vs_transformers (cuda, bfloat16)"
+    ROUNDS=3
+    [ ${#QUICK[@]} -gt 0 ] && ROUNDS=1
+    "$PY" -m bench.vs_transformers --device cuda --dtype bfloat16 --rounds "$ROUNDS" \
+        | tee "$OUT/bench-vs-transformers.txt" || fail "bench.vs_transformers"
+fi
 
 echo
 if [ ${#FAILED[@]} -gt 0 ]; then
@@ -129,4 +149,4 @@ if [ ${#FAILED[@]} -gt 0 ]; then
     printf '  - %s\n' "${FAILED[@]}"
     exit 1
 fi
-echo "gpu-check: passed (logs in $OUT)"
+echo "gpu-check: passed ($PART; logs in $OUT)"

@@ -39,6 +39,26 @@ def test_the_script_fails_clearly_without_cuda():
     assert "sees no CUDA device" in out.stderr
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: run the script")
+def test_a_part_runs_after_the_cuda_check_and_an_unknown_part_is_refused():
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", str(SCRIPT), *args],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=user_env(PYTHON=sys.executable),
+        )
+
+    for part in ("kernels", "tests", "bench"):
+        out = run("--part", part)
+        assert out.returncode == 1, out.stdout + out.stderr
+        assert "gpu-check: FAILED: no CUDA device here" in out.stderr
+    out = run("--part", "everything")
+    assert out.returncode == 2 and "--part all|kernels|tests|bench" in out.stderr
+
+
 def test_every_test_file_the_script_runs_exists():
     paths = script_test_files()
     assert "tests/gpu" in paths and len(paths) > 10
