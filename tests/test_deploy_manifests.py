@@ -225,6 +225,27 @@ def test_the_image_pairs_a_torch_wheel_that_exists_with_rays_image_of_its_cuda()
     assert cuda in TORCH_213_CUDA & RAY_260_CUDA, cuda
 
 
+def test_the_image_copies_every_package_the_distribution_installs_and_nothing_absent():
+    """What ``pip install .`` in the image packs is what pyproject.toml's package list finds in the
+    copied tree: every listed package must be copied, and every copied path must exist."""
+    import tomllib
+
+    text = (REPO / "deploy" / "docker" / "Dockerfile").read_text()
+    copied = [
+        src
+        for line in re.findall(r"^COPY (?:--\S+ )*(.+) \S+$", text, re.M)
+        for src in line.split()
+    ]
+    for src in copied:
+        assert (REPO / src).exists(), f"the Dockerfile copies {src}, which is not in the repository"
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    packages = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
+    for pattern in packages:
+        package = pattern.rstrip("*")
+        assert (REPO / package / "__init__.py").exists(), package
+        assert package in copied, f"the image does not copy {package}, which pip install . packs"
+
+
 def test_the_head_restarts_on_redis_and_holds_no_replica(base, cluster):
     """GCS fault tolerance: the head's GCS is kept in the Redis that redis.yaml serves, with the
     password from the Secret the Redis reads; only head pods reach it; the head offers Ray

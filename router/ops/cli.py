@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import Protocol
 
-import demo.run as demo
+import router.ops.demo.run as demo
 from router.config import JoinConfig, ServeConfig
 from router.flags import add_arguments, from_arguments
 from router.ops import drain, ray_join, replica_tools, stop, top

@@ -1,10 +1,10 @@
 """``session-router demo``: a local cluster serving a few hundred short sessions.
 
 Starts an embedded Ray with 2 replicas and 2 gateways (``--gateways``), runs short sessions from
-16 concurrent clients through them (``demo.sessions``: multi-turn Generate whose turns
+16 concurrent clients through them (``router.ops.demo.sessions``: multi-turn Generate whose turns
 go through any gateway, Converse with barge-in, a few clients that disconnect mid-stream), then
 keeps more sessions open at once than the replicas have GPU slots, so idle ones are parked in host
-memory and restored for their turns (``demo.parking``). Prints a per-replica table of
+memory and restored for their turns (``router.ops.demo.parking``). Prints a per-replica table of
 the GPU and host pools before, during and after, the sessions/s, the time to first token and the
 parks and restores, and exits 0 only when every pool is back at capacity with nothing leaked.
 """
@@ -17,13 +17,13 @@ import dataclasses
 import statistics
 import time
 
-from demo.parking import run_parking_phase
-from demo.sessions import Stats, worker
 from protos import session_router_pb2 as pb
 from router.client import AsyncSessionClient
 from router.config import ServeConfig
 from router.flags import add_arguments as add_serve_arguments
 from router.flags import from_arguments
+from router.ops.demo.parking import run_parking_phase
+from router.ops.demo.sessions import Stats, worker
 from router.ops.pool_table import render, rows_from_replicas
 
 DEMO_DEFAULTS = ServeConfig.from_flags(
