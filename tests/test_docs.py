@@ -161,3 +161,18 @@ def test_slug_follows_github():
     assert slug("bench.pool_ops") == "benchpool_ops"
     assert slug("`session-router top`") == "session-router-top"
     assert slug("Stopping, draining, restarting") == "stopping-draining-restarting"
+
+
+def test_the_architecture_names_every_file_of_the_code():
+    """docs/architecture.md lists every file of the code, the benchmarks, the scripts and the
+    tests' support (the README says so): a file added without its row fails here."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    tracked = subprocess.run(
+        ["git", "ls-files", "replica", "router", "bench", "scripts", "protos", "tests/support"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    unnamed = [path for path in tracked if f"`{path}`" not in text]
+    assert not unnamed, f"docs/architecture.md does not name: {unnamed}"
