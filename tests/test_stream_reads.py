@@ -18,7 +18,7 @@ import time
 
 import ray
 
-from replica.checkpoints.stream_reads import RECHECK_S, next_ref, refs
+from replica.actor.stream_reads import RECHECK_S, next_ref, refs
 
 ITEMS = 3
 

@@ -50,7 +50,6 @@ from replica.checkpoints.entries import CheckpointBlank, CheckpointDrop
 from replica.checkpoints.files import CheckpointFiles
 from replica.checkpoints.outbox import ACK_INTERVAL_S
 from replica.checkpoints.released import ReleasedSessions
-from replica.checkpoints.stream_reads import refs
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +99,7 @@ class CheckpointStore:
         confirm = self.files is not None  # on the volume before the replica counts it stored
         try:
             stream = ReplicaClient(replica).checkpoint_stream(store=me, confirm_on_ack=confirm)
-            async for ref in refs(stream):
+            async for ref in stream:
                 entries = await ref
                 for item in entries:
                     self._seq = seq = max(self._seq + 1, time.time_ns())

@@ -1,14 +1,14 @@
-"""``refs``: the items of a Ray streaming call, each read so that a missed wake-up costs at most
-``RECHECK_S``.
+"""``refs``: the items of a replica actor's streaming call (a checkpoint store's checkpoints),
+each read so that a missed wake-up costs at most ``RECHECK_S``.
 
 Ray's async read of a streaming call (``async for ref in stream``) can stay asleep after the
 item it waits for has arrived: seen under load on the checkpoint store's stream (the item ready
 in the store's process, ``next_ready()`` True, the read still waiting until some later event
 woke it, 10 s and more). A checkpoint store reads one item at a time and then often nothing for
 long, so such an item was a drop whose acknowledgement never came: the replica's ``checkpoints``
-pool showed a released session's checkpoint held. The read is therefore kept waiting (one wait
-for the whole gap, so an idle stream costs nothing) and checked every ``RECHECK_S``: an item
-found ready while the read still sleeps is taken at once.
+pool showed a released session's checkpoint held. Every read is therefore kept waiting (one
+wait for the whole gap, so an idle stream costs nothing) and checked every ``RECHECK_S``: an
+item found ready while the read still sleeps is taken at once.
 
 A read can sleep through the stream's end the same way, and ``next_ready()`` cannot tell then
 (it is False at the end, and on a finished stream it makes a blocking ``ray.get``, which an
