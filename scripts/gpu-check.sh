@@ -123,24 +123,23 @@ if part tests; then
     unset SESSION_ROUTER_TEST_DEVICE
 fi
 
+# one benchmark on the GPU: its table printed and kept in $OUT/bench-NAME.txt
+gpu_bench() {
+    local name=$1
+    shift
+    step "bench.$name (cuda)"
+    "$PY" -m "bench.$name" --device cuda "$@" | tee "$OUT/bench-${name//_/-}.txt" \
+        || fail "bench.$name"
+}
+
 if part bench; then
-    step "bench.decode (cuda)"
-    "$PY" -m bench.decode --device cuda "${QUICK[@]}" | tee "$OUT/bench-decode.txt" \
-        || fail "bench.decode"
-    step "bench.step_calls (cuda)"
-    "$PY" -m bench.step_calls --device cuda "${QUICK[@]}" | tee "$OUT/bench-step-calls.txt" \
-        || fail "bench.step_calls"
-    step "bench.state_update (cuda): the kernels in place vs on a gathered copy"
-    "$PY" -m bench.state_update --device cuda "${QUICK[@]}" | tee "$OUT/bench-state-update.txt" \
-        || fail "bench.state_update"
-    step "bench.park_restore (cuda)"
-    "$PY" -m bench.park_restore --device cuda "${QUICK[@]}" | tee "$OUT/bench-park-restore.txt" \
-        || fail "bench.park_restore"
-    step "bench.vs_transformers (cuda, bfloat16)"
+    gpu_bench decode "${QUICK[@]}"
+    gpu_bench step_calls "${QUICK[@]}"
+    gpu_bench state_update "${QUICK[@]}"  # the kernels in place vs on a gathered copy
+    gpu_bench park_restore "${QUICK[@]}"
     ROUNDS=3
     [ ${#QUICK[@]} -gt 0 ] && ROUNDS=1
-    "$PY" -m bench.vs_transformers --device cuda --dtype bfloat16 --rounds "$ROUNDS" \
-        | tee "$OUT/bench-vs-transformers.txt" || fail "bench.vs_transformers"
+    gpu_bench vs_transformers --dtype bfloat16 --rounds "$ROUNDS"
 fi
 
 echo
