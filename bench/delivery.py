@@ -3,6 +3,9 @@
 1. gateway CPU per delivered token / a bare grpc.aio server's CPU per message of the same shape
    (64 streams; the bare server, in this process like the gateway, streams one-token chunks at
    the engine's step rate measured just before: ``bench.harness.bare_server``). Goal <= 1.5.
+   With it, the floor of streaming from an actor: the CPU per token of a bare relay of a Ray
+   stream of the same items at the same rate to the same gRPC streams
+   (``bench.harness.relay_server``), and the gateway against it.
 2. tokens per message for a client that reads a message every 0, 10 and 30 ms (one stream, so
    that the engine produces several tokens per 10 ms for it even on a busy 2-core box): what
    the engine produces while a client has not taken the last message is merged into the next
@@ -37,6 +40,7 @@ from bench.harness.cpu import CpuMeter
 from bench.harness.direct_driver import DirectDriver
 from bench.harness.gateway_process import GatewayProcess
 from bench.harness.inprocess_driver import InProcessDriver, build_engine
+from bench.harness.relay_server import RelayServer
 from bench.harness.report import Goal, Table
 from bench.harness.stats import Spread, ratios
 from bench.harness.streams import StreamRounds, run_stream_rounds
@@ -124,6 +128,17 @@ async def cpu_per_token(
         bare_client.stop()
         await bare.stop()
     figures["bare CPU us/message"].append(used["gateway"] / bare_run.messages * 1e6)
+    relay = await RelayServer(step_s=run.step_s, streams=STREAMS).start()
+    relay_client = await ClientProcess.start(relay.address)
+    try:
+        before = cpu.sample()
+        relay_run: StreamRounds = await streams(relay_client, STREAMS, tokens)
+        used = CpuMeter.delta(before, cpu.sample())
+    finally:
+        relay_client.stop()
+        await relay.stop()
+    figures["relay CPU us/token"].append(used["gateway"] / relay_run.tokens * 1e6)
+    figures["relay tokens/message"].append(relay_run.tokens_per_message)
 
 
 def report(figures: dict[str, list[float]], floor: ActorFloor) -> list[Goal]:
@@ -136,7 +151,14 @@ def report(figures: dict[str, list[float]], floor: ActorFloor) -> list[Goal]:
         Spread.of(f["gateway tokens/message"]).format(),
     )
     table.add("bare grpc.aio", Spread.of(f["bare CPU us/message"]).format(".1f"), "1.00")
+    table.add(
+        "bare relay of a Ray stream",
+        Spread.of(f["relay CPU us/token"]).format(".1f"),
+        Spread.of(f["relay tokens/message"]).format(),
+    )
     table.print()
+    relay = ratios(f["gateway CPU us/token"], f["relay CPU us/token"])
+    print(f"gateway / bare relay: {relay.format()}")
     print(f"\n2. tokens per message, {SLOW_STREAMS} stream(s), the client reading one every N ms")
     table = Table("read every", "tokens/message")
     for ms in READ_EVERY_MS:
@@ -156,7 +178,8 @@ def report(figures: dict[str, list[float]], floor: ActorFloor) -> list[Goal]:
     slow = f"tokens/message {READ_EVERY_MS[1]} ms"
     return [
         Goal(
-            "gateway CPU per token / bare gRPC per message",
+            "gateway CPU per token / bare gRPC per message (a bare relay of a Ray stream "
+            f"allows {ratios(f['relay CPU us/token'], f['bare CPU us/message']).median:.2f})",
             ratios(f["gateway CPU us/token"], f["bare CPU us/message"]),
             GOAL_CPU,
             False,

@@ -53,9 +53,12 @@ class RowsItem:
 
     rows: int
 
+    @property
+    def session_ids(self) -> list[str]:
+        return [f"{s:032x}" for s in range(self.rows)]
+
     def __call__(self, i: int) -> list[tuple[list[str], list[int], list[int], list[str]]]:
-        sessions = [f"{s:032x}" for s in range(self.rows)]
-        return [(sessions, [i] * self.rows, list(range(self.rows)), ["ab"] * self.rows)]
+        return [(self.session_ids, [i] * self.rows, list(range(self.rows)), ["ab"] * self.rows)]
 
 
 def process_cpu_s(pid: int) -> float:
