@@ -13,7 +13,8 @@
 3. direct-actor tokens/s / the in-process engine's, at 8 and 64 sessions (64 tokens a turn).
    Goal >= 0.8. With it, where the actor's time goes: both paths' CPU per token, the output
    items per token, and one such item's CPU on bare actors (``bench.harness.actor_floor``): the
-   ceiling that one item per engine step allows.
+   ceiling that one item per engine step allows; and the same rounds on a bare engine actor
+   (``bench.harness.bare_engine_actor``), that ceiling measured.
 4. gRPC lifecycles/s / direct-actor lifecycles/s at concurrency 64 (open, a turn of 8 tokens,
    close). Goal >= 0.8.
 5. two gateways vs one: tokens/s to 128 streams from two client processes (64 each), both on
@@ -31,8 +32,11 @@ import argparse
 import asyncio
 from collections import defaultdict
 
+import ray
+
 from bench.harness import runner
 from bench.harness.actor_floor import ActorFloor
+from bench.harness.bare_engine_actor import BareEngineActor
 from bench.harness.bare_server import BareServer
 from bench.harness.client_process import ClientProcess
 from bench.harness.cluster import LocalCluster
@@ -77,7 +81,8 @@ async def measure(cluster: LocalCluster, args: argparse.Namespace) -> list[Goal]
     clients = [await ClientProcess.start(cluster.server.grpc_address) for _ in range(2)]
     client_b = await ClientProcess.start(second.address)
     figures: dict[str, list[float]] = defaultdict(list)
-    floor = ActorFloor(direct, inproc, cpu, ACTOR_SESSIONS)
+    bare = BareEngineActor.remote(cluster.replica_config)
+    floor = ActorFloor(direct, inproc, bare, cpu, ACTOR_SESSIONS)
     try:
         for _ in range(args.repeats):
             await cpu_per_token(cluster, client, cpu, tokens, figures)
@@ -96,6 +101,7 @@ async def measure(cluster: LocalCluster, args: argparse.Namespace) -> list[Goal]
                 figures[f"{name} gateway(s)"].append(sum(r.rate for r in runs))
         await floor.measure_items(seconds=3.0 if args.quick else 8.0)
     finally:
+        ray.kill(bare)
         direct.stop()
         for c in (*clients, client_b):
             c.stop()
@@ -192,8 +198,9 @@ def report(figures: dict[str, list[float]], floor: ActorFloor) -> list[Goal]:
         ),
         *(
             Goal(
-                f"direct actor / in-process tokens/s, {n} sessions "
-                f"(one item per step allows {floor.ceiling(n):.2f})",
+                f"direct actor / in-process tokens/s, {n} sessions (one item per step allows "
+                f"{floor.ceiling(n):.2f}, a bare engine actor reaches "
+                f"{floor.bare_ratio(n).median:.2f})",
                 ratios(floor.figures[f"actor {n}"], floor.figures[f"in-process {n}"]),
                 GOAL_ACTOR,
             )

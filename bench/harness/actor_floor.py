@@ -10,7 +10,8 @@ processes' CPU over each run (``CpuMeter``: the replica actors' group, and this 
 in-process engine), counts the items the reader took, and measures that item; with them, the
 most that one item per step allows is ``in-process CPU ÷ (in-process CPU + items per token ×
 the item's CPU in its producer)``, the ceiling of actor ÷ in-process on a box whose other core
-runs the reader.
+runs the reader. And measured rather than computed: the same rounds on a bare engine actor
+(``bench.harness.bare_engine_actor``: the engine streaming an item a step, nothing else).
 """
 
 from __future__ import annotations
@@ -19,12 +20,15 @@ import statistics
 from collections import defaultdict
 from collections.abc import Awaitable
 
+import ray
+
+from bench.harness.bare_engine_actor import bare_token_rounds
 from bench.harness.cpu import CpuMeter
 from bench.harness.direct_driver import DirectDriver
 from bench.harness.inprocess_driver import InProcessDriver
 from bench.harness.report import Table
 from bench.harness.stats import Spread, ratios
-from bench.harness.stream_item_floor import ItemCost, RowsItem, stream_item_cost
+from bench.harness.stream_item_floor import ItemCost, RowsItem, process_cpu_s, stream_item_cost
 from bench.harness.workload import TokenRounds
 
 
@@ -35,12 +39,14 @@ class ActorFloor:
         self,
         direct: DirectDriver,
         inproc: InProcessDriver,
+        bare: ray.actor.ActorHandle,
         cpu: CpuMeter,
         sessions: tuple[int, ...],
     ) -> None:
         self.sessions = sessions
         self.direct = direct
         self.inproc = inproc
+        self.bare = bare
         self.cpu = cpu
         self.figures: dict[str, list[float]] = defaultdict(list)
         self.items: dict[int, ItemCost] = {}
@@ -55,6 +61,11 @@ class ActorFloor:
         run, used = await self._metered(self._inproc_rounds(sessions, new_tokens, rounds))
         f[f"in-process {sessions}"].append(run.rate)
         f[f"in-process CPU {sessions}"].append(used["gateway"] / run.tokens * 1e6)
+        pid = await self.bare.pid.remote()
+        before = process_cpu_s(pid)
+        run = await bare_token_rounds(self.bare, sessions, new_tokens, rounds)
+        f[f"bare actor {sessions}"].append(run.rate)
+        f[f"bare actor CPU {sessions}"].append((process_cpu_s(pid) - before) / run.tokens * 1e6)
 
     async def _inproc_rounds(self, sessions: int, new_tokens: int, rounds: int) -> TokenRounds:
         return self.inproc.token_rounds(sessions, new_tokens, rounds)
@@ -82,16 +93,30 @@ class ActorFloor:
         per_token = statistics.median(f[f"items/token {sessions}"])
         return engine / (engine + per_token * item.producer_ms * 1e3)
 
+    def bare_ratio(self, sessions: int) -> Spread:
+        """Bare engine actor ÷ in-process tokens/s: what an actor streaming the engine reaches."""
+        f = self.figures
+        return ratios(f[f"bare actor {sessions}"], f[f"in-process {sessions}"])
+
     def print(self) -> None:
         f = self.figures
         print("\n3. tokens/s, 64 new tokens a turn, a turn on every session at once")
-        table = Table("sessions", "direct actor", "in-process", "actor / in-process")
+        table = Table(
+            "sessions",
+            "direct actor",
+            "in-process",
+            "bare engine actor",
+            "actor / in-process",
+            "bare / in-process",
+        )
         for n in self.sessions:
             table.add(
                 n,
                 Spread.of(f[f"actor {n}"]).format(",.0f"),
                 Spread.of(f[f"in-process {n}"]).format(",.0f"),
+                Spread.of(f[f"bare actor {n}"]).format(",.0f"),
                 ratios(f[f"actor {n}"], f[f"in-process {n}"]).format(),
+                self.bare_ratio(n).format(),
             )
         table.print()
         print("\n3b. where the actor's time goes: CPU per token, and one output item's floor")
@@ -99,6 +124,7 @@ class ActorFloor:
             "sessions",
             "replica CPU us/token",
             "in-process us/token",
+            "bare actor us/token",
             "items/token",
             "item CPU us (replica + reader)",
             "ceiling",
@@ -108,6 +134,7 @@ class ActorFloor:
                 n,
                 Spread.of(f[f"actor CPU {n}"]).format(".1f"),
                 Spread.of(f[f"in-process CPU {n}"]).format(".1f"),
+                Spread.of(f[f"bare actor CPU {n}"]).format(".1f"),
                 Spread.of(f[f"items/token {n}"]).format(".3f"),
                 f"{item.producer_ms * 1e3:.0f} + {item.consumer_ms * 1e3:.0f}",
                 f"{self.ceiling(n):.2f}",

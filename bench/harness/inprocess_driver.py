@@ -38,12 +38,12 @@ class InProcessDriver:
         self.engine = engine
         self._ids = itertools.count()
 
-    def _open(self) -> str:
+    def open(self) -> str:
         session_id = f"inproc-{next(self._ids)}"
         self.engine.open_session(session_id)
         return session_id
 
-    def _submit(self, session_id: str, new_tokens: int) -> None:
+    def submit(self, session_id: str, new_tokens: int) -> None:
         self.engine.submit(session_id, PROMPT, SamplingParams(max_new_tokens=new_tokens))
 
     def lifecycles(
@@ -57,9 +57,9 @@ class InProcessDriver:
 
         def begin(first: bool) -> None:
             t0 = time.perf_counter()
-            session_id = self._open()
+            session_id = self.open()
             t1 = time.perf_counter()
-            self._submit(session_id, new_tokens)
+            self.submit(session_id, new_tokens)
             active[session_id] = [t0, t1, 0, first]
 
         for _ in range(concurrency):
@@ -91,13 +91,13 @@ class InProcessDriver:
 
     def token_rounds(self, sessions: int, new_tokens: int, rounds: int) -> TokenRounds:
         """``sessions`` open sessions, ``rounds`` turns on all at once, stepped to the end."""
-        ids = [self._open() for _ in range(sessions)]
+        ids = [self.open() for _ in range(sessions)]
         result = TokenRounds()
         try:
             for _ in range(rounds):
                 t0 = time.perf_counter()
                 for session_id in ids:
-                    self._submit(session_id, new_tokens)
+                    self.submit(session_id, new_tokens)
                 tokens = 0
                 while self.engine.has_work:
                     tokens += self.engine.step().token_count
