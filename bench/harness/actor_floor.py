@@ -28,7 +28,13 @@ from bench.harness.direct_driver import DirectDriver
 from bench.harness.inprocess_driver import InProcessDriver
 from bench.harness.report import Table
 from bench.harness.stats import Spread, ratios
-from bench.harness.stream_item_floor import ItemCost, RowsItem, process_cpu_s, stream_item_cost
+from bench.harness.stream_item_floor import (
+    ItemCost,
+    PlainStreamProducer,
+    RowsItem,
+    process_cpu_s,
+    stream_item_cost,
+)
 from bench.harness.workload import TokenRounds
 
 
@@ -50,6 +56,7 @@ class ActorFloor:
         self.cpu = cpu
         self.figures: dict[str, list[float]] = defaultdict(list)
         self.items: dict[int, ItemCost] = {}
+        self.plain_items: dict[int, ItemCost] = {}  # the same item from a plain generator
 
     async def rounds(self, sessions: int, new_tokens: int = 64, rounds: int = 3) -> None:
         """One run of each path: ``rounds`` turns of ``new_tokens`` on ``sessions`` at once."""
@@ -86,6 +93,9 @@ class ActorFloor:
         rate = statistics.median(self.figures[f"actor {sessions}"]) * per_token
         rows = max(1, round(1 / per_token)) if per_token else sessions
         self.items[sessions] = await stream_item_cost(rate, seconds, RowsItem(rows))
+        self.plain_items[sessions] = await stream_item_cost(
+            rate, seconds, RowsItem(rows), PlainStreamProducer
+        )
 
     def ceiling(self, sessions: int) -> float:
         f, item = self.figures, self.items[sessions]
@@ -127,6 +137,7 @@ class ActorFloor:
             "bare actor us/token",
             "items/token",
             "item CPU us (replica + reader)",
+            "plain generator's",
             "ceiling",
         )
         for n, item in self.items.items():
@@ -137,11 +148,15 @@ class ActorFloor:
                 Spread.of(f[f"bare actor CPU {n}"]).format(".1f"),
                 Spread.of(f[f"items/token {n}"]).format(".3f"),
                 f"{item.producer_ms * 1e3:.0f} + {item.consumer_ms * 1e3:.0f}",
+                f"{self.plain_items[n].producer_ms * 1e3:.0f} + "
+                f"{self.plain_items[n].consumer_ms * 1e3:.0f}",
                 f"{self.ceiling(n):.2f}",
             )
         table.print()
         print(
             "ceiling: in-process CPU / (in-process CPU + items per token x the item's CPU in the "
-            "replica), the most one item per step allows; the rest of replica CPU - in-process "
-            "CPU is the actor's own work (calls, event loop, GIL hand-offs)"
+            "replica), the most one item per step of the replica's kind (an async generator on "
+            "the event loop) allows; the rest of replica CPU - in-process CPU is the actor's own "
+            "work (calls, event loop, GIL hand-offs). The plain generator's item: the same item "
+            "from a plain generator on a thread of its own, the bare engine actor's kind"
         )

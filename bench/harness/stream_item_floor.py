@@ -8,15 +8,18 @@ besides, each item costs at least this. ``StreamProducer`` yields items made by 
 one entry of ``rows`` token rows, as the replica sends a gateway) at a given rate to a
 ``StreamConsumer`` that takes them as the store and the gateway do (``await ref``); both
 processes' CPU is read from /proc over the run, less what each spends idle over the same time.
+``PlainStreamProducer`` yields them from a plain generator on a thread of its own instead.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import ray
@@ -67,8 +70,21 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+async def produce(
+    put: Callable[[list | None], None], count: int, rate: float, make_item: Callable[[int], list]
+) -> None:
+    """``count`` items made by ``make_item`` to ``put`` at ``rate`` a second, then None."""
+    start = time.monotonic()
+    for i in range(count):
+        put(make_item(i))
+        await asyncio.sleep(max(0.0, start + (i + 1) / rate - time.monotonic()))
+    put(None)
+
+
 @ray.remote(num_cpus=0)
 class StreamProducer:
+    """Its stream is an async generator on the event loop, as the replica's streams are."""
+
     def __init__(self) -> None:
         self.items: asyncio.Queue = asyncio.Queue()
 
@@ -80,11 +96,28 @@ class StreamProducer:
             yield item
 
     async def produce(self, count: int, rate: float, make_item: Callable[[int], list]) -> None:
-        start = time.monotonic()
-        for i in range(count):
-            self.items.put_nowait(make_item(i))
-            await asyncio.sleep(max(0.0, start + (i + 1) / rate - time.monotonic()))
-        self.items.put_nowait(None)
+        await produce(self.items.put_nowait, count, rate, make_item)
+
+
+@ray.remote(num_cpus=0, concurrency_groups={"stream": 1})
+class PlainStreamProducer:
+    """Its stream is a plain generator on a thread of its own (a concurrency group of this async
+    actor), fed from the event loop through a ``queue.SimpleQueue``: a shape an async replica
+    could stream in."""
+
+    def __init__(self) -> None:
+        self.items: queue.SimpleQueue = queue.SimpleQueue()
+
+    async def pid(self) -> int:
+        return os.getpid()
+
+    @ray.method(concurrency_group="stream")
+    def stream(self):
+        while (item := self.items.get()) is not None:
+            yield item
+
+    async def produce(self, count: int, rate: float, make_item: Callable[[int], list]) -> None:
+        await produce(self.items.put, count, rate, make_item)
 
 
 @ray.remote(num_cpus=0)
@@ -101,10 +134,14 @@ class StreamConsumer:
 
 
 async def stream_item_cost(
-    rate: float = 50.0, seconds: float = 8.0, make_item: Callable[[int], list] = CheckpointItem()
+    rate: float = 50.0,
+    seconds: float = 8.0,
+    make_item: Callable[[int], list] = CheckpointItem(),
+    producer_class: Any = StreamProducer,
 ) -> ItemCost:
-    """``ItemCost`` of one item, at ``rate`` items/s for ``seconds`` (Ray must be initialised)."""
-    producer, consumer = StreamProducer.remote(), StreamConsumer.remote()
+    """``ItemCost`` of one item, at ``rate`` items/s for ``seconds`` (Ray must be initialised),
+    from a ``producer_class`` actor (``StreamProducer`` or ``PlainStreamProducer``)."""
+    producer, consumer = producer_class.remote(), StreamConsumer.remote()
     try:
         pids = await asyncio.gather(producer.pid.remote(), consumer.pid.remote())
         before, t0 = [process_cpu_s(p) for p in pids], time.monotonic()
