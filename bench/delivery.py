@@ -116,35 +116,35 @@ async def cpu_per_token(
     tokens: int,
     figures: dict[str, list[float]],
 ) -> None:
-    """The gateway's CPU per delivered token, then the bare server's per message at the same
-    step rate, both in this process, from the same client process."""
+    """The gateway's CPU per delivered token, then the bare server's per message and the bare
+    relay's per token at the same step rate, all three in this process."""
     async with cluster.on_first_replica():
         before = cpu.sample()
         run: StreamRounds = await streams(client, STREAMS, tokens)
         used = CpuMeter.delta(before, cpu.sample())
     figures["gateway CPU us/token"].append(used["gateway"] / run.tokens * 1e6)
     figures["gateway tokens/message"].append(run.tokens_per_message)
-    bare = await BareServer(step_s=run.step_s).start()
-    bare_client = await ClientProcess.start(bare.address)
-    try:
-        before = cpu.sample()
-        bare_run: StreamRounds = await streams(bare_client, STREAMS, tokens)
-        used = CpuMeter.delta(before, cpu.sample())
-    finally:
-        bare_client.stop()
-        await bare.stop()
-    figures["bare CPU us/message"].append(used["gateway"] / bare_run.messages * 1e6)
+    bare_run, bare_cpu = await floor_run(await BareServer(step_s=run.step_s).start(), cpu, tokens)
+    figures["bare CPU us/message"].append(bare_cpu / bare_run.messages * 1e6)
     relay = await RelayServer(step_s=run.step_s, streams=STREAMS).start()
-    relay_client = await ClientProcess.start(relay.address)
+    relay_run, relay_cpu = await floor_run(relay, cpu, tokens)
+    figures["relay CPU us/token"].append(relay_cpu / relay_run.tokens * 1e6)
+    figures["relay tokens/message"].append(relay_run.tokens_per_message)
+
+
+async def floor_run(
+    server: BareServer | RelayServer, cpu: CpuMeter, tokens: int
+) -> tuple[StreamRounds, float]:
+    """``STREAMS`` streams on the started ``server`` from a client process of their own, then
+    the server is stopped: the run, and this process's CPU seconds over it."""
+    client = await ClientProcess.start(server.address)
     try:
         before = cpu.sample()
-        relay_run: StreamRounds = await streams(relay_client, STREAMS, tokens)
-        used = CpuMeter.delta(before, cpu.sample())
+        run: StreamRounds = await streams(client, STREAMS, tokens)
+        return run, CpuMeter.delta(before, cpu.sample())["gateway"]
     finally:
-        relay_client.stop()
-        await relay.stop()
-    figures["relay CPU us/token"].append(used["gateway"] / relay_run.tokens * 1e6)
-    figures["relay tokens/message"].append(relay_run.tokens_per_message)
+        client.stop()
+        await server.stop()
 
 
 def report(figures: dict[str, list[float]], floor: ActorFloor) -> list[Goal]:
