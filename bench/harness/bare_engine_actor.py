@@ -25,8 +25,8 @@ from replica.config import ReplicaConfig
 @ray.remote(num_cpus=0)
 class BareEngineActor:
     def __init__(self, config: ReplicaConfig) -> None:
-        self.driver = InProcessDriver(build_engine(config))
-        self.engine = self.driver.engine
+        self.engine = build_engine(config)
+        self.driver = InProcessDriver(self.engine)  # its opens and submissions, as in-process
         self.session_ids: list[str] = []
 
     def pid(self) -> int:

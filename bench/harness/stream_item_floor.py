@@ -108,7 +108,7 @@ class PlainStreamProducer:
     def __init__(self) -> None:
         self.items: queue.SimpleQueue = queue.SimpleQueue()
 
-    async def pid(self) -> int:
+    def pid(self) -> int:
         return os.getpid()
 
     @ray.method(concurrency_group="stream")
