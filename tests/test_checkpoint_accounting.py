@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import ray
 
-from replica.actor import CheckpointStore, ReplicaActor
+from replica.actor import CheckpointStore, remote_replica_actor
 from replica.api import PoolSnapshot, PoolStats, SamplingParams
 from replica.checkpoints.chain import MAX_DELTAS
 from replica.config import PoolConfig, ReplicaConfig
@@ -24,7 +24,7 @@ POOLS = PoolConfig(max_sessions=4, kv_tokens=1024, max_context=256, max_parked_s
 
 def replica_with_store(name: str, failpoints: frozenset[str] = frozenset()):
     config = ReplicaConfig(pools=POOLS, failpoints=failpoints, threads=1)
-    replica = ray.remote(ReplicaActor).options(num_cpus=0).remote(name, config)
+    replica = remote_replica_actor().options(num_cpus=0).remote(name, config)
     node = ray.get(replica.describe.remote(), timeout=120).node_id
     store = ray.remote(CheckpointStore).options(num_cpus=0).remote(name)
     ray.get(store.follow.remote(replica, node))

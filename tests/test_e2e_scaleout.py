@@ -3,7 +3,9 @@
 ``session-router gateway --address`` processes join a running serve: a session opened through one
 gateway continues through any other, with the same state as a session that never changed gateway;
 the SIGKILL of the gateway it was opened through loses nothing of it; the Converse streams of the
-killed gateway end with it, and their sessions are released. A session opened (in one hop)
+killed gateway end with it, and their sessions are released, an idle one's within seconds too
+(nothing is streamed to that gateway when it dies: the replica's stream to it finds it gone at its
+next empty item, long before the session's lease would lapse). A session opened (in one hop)
 through a joined gateway is the router's like any other: a drain with migration moves it, and
 every gateway, the joined one included, follows it to its new replica. A client that reads
 slowly gets merged chunks (what the engine produced while it had not taken the last one), every
@@ -19,7 +21,9 @@ import pytest
 
 from bench.harness.gateway_process import GatewayProcess
 from protos import session_router_pb2 as pb
+from replica.actor.gateway_outputs import HEARTBEAT_S
 from router.client import SessionClient, generate_request
+from router.gateway.stream_leases import LEASE_S
 from tests.support.cluster import drain_stream, wait_for
 from tests.support.servers import serve_cluster
 
@@ -107,6 +111,27 @@ def test_a_session_continues_through_any_gateway_and_outlives_the_one_it_was_ope
             what="the killed gateway's Converse session to be released",
         )
         assert via_b.close_session(session.id)
+    server.wait_at_capacity()
+
+
+def test_an_idle_converse_of_a_killed_gateway_is_released_before_its_lease_lapses(server):
+    gateway = GatewayProcess(server.config.namespace).start()
+    try:
+        with SessionClient(gateway.address) as client:
+            q: queue.Queue = queue.Queue()
+            stream = client.sessions.Converse(open_requests(q), timeout=60)
+            opened = next(stream).opened
+            assert opened.session_id in server.sessions_on()[opened.replica_id]
+            time.sleep(2 * HEARTBEAT_S)  # idle: the replica's stream to it sends empty items
+            gateway.kill()
+            q.put(None)
+            wait_for(
+                lambda: opened.session_id not in server.sessions_on()[opened.replica_id],
+                LEASE_S / 2,
+                what="the idle Converse session of the killed gateway to be released",
+            )
+    finally:
+        gateway.kill()
     server.wait_at_capacity()
 
 

@@ -51,7 +51,7 @@ def test_step_records_reach_each_gateways_sessions_as_the_engine_made_them():
         outputs.close()
         got = {}
         for gateway in ("gw-a", "gw-b"):
-            items = [item async for item in outputs.stream(gateway)]
+            items = [item async for item in outputs.stream_async(gateway)]
             assert len(items) == 1
             assert sum(type(entry) is tuple for entry in items[0]) < len(records)
             inboxes = {s: Inbox(s, "r") for s, g in gateway_of.items() if g == gateway}

@@ -15,6 +15,7 @@ from typing import Any
 from bench.harness.load import closed_loop
 from bench.harness.window import LifecycleSamples
 from bench.harness.workload import PROMPT, Lifecycle, TokenRounds, timed_lifecycle, token_rounds
+from replica.actor.client import ReplicaClient
 from replica.api import ActorError, ReleaseReason, SamplingParams
 from router.gateway.batching import CallBatcher
 from router.gateway.delivery import hand_out
@@ -36,7 +37,7 @@ class DirectDriver:
         self._pumps = [loop.create_task(self._pump(h)) for h in handles]
 
     async def _pump(self, handle: Any) -> None:
-        async for ref in handle.stream_outputs.remote(self.gateway_id):
+        async for ref in await ReplicaClient(handle).stream_outputs(gateway_id=self.gateway_id):
             hand_out(await ref, self.inboxes)
             self.items += 1
 

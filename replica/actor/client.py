@@ -149,13 +149,18 @@ class ReplicaClient:
     ) -> bool | ActorError:
         return await self.handle.cancel.remote(session_id, why, turn_id)
 
-    def stream_outputs(self, *, gateway_id: str) -> ObjectRefGenerator:
+    async def stream_outputs(self, *, gateway_id: str) -> ObjectRefGenerator:
         """The long-lived stream of ``gateway_id``'s outputs: references to lists of
-        ``replica.api.DeliveryEntry``. Read as Ray gives it, without ``refs``' rechecks: those
-        cost a gateway about 4 % more CPU per token (a task and a timed wait per item; four
-        alternating runs of 64 streams), and Ray's missed wake-up was seen on checkpoint
-        streams only."""
-        return self.handle.stream_outputs.remote(gateway_id)
+        ``replica.api.DeliveryEntry`` (an empty one now and then while nothing comes). It runs
+        on a thread of the replica's own when one is free (one call first reserves it), else on
+        the replica's event loop. Read as Ray gives it, without ``refs``' rechecks: those cost a
+        gateway about 4 % more CPU per token (a task and a timed wait per item; four alternating
+        runs of 64 streams), and Ray's missed wake-up was seen on checkpoint streams only."""
+        group = await self.handle.output_stream_group.remote(gateway_id)
+        if not group:
+            return self.handle.stream_outputs_async.remote(gateway_id)
+        stream = self.handle.stream_outputs.options(concurrency_group=group)
+        return stream.remote(gateway_id, group)
 
     # ----- moving sessions ----------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from replica.actor.registration import Registration
 from replica.actor.reporting import RouterReporter
 from replica.actor.sessions import SessionCalls
 from replica.actor.status import ReplicaStatus
+from replica.actor.stream_threads import FIRST_GROUP, OUTPUT_STREAM_THREADS
 from replica.actor.tasks import BackgroundTasks
 from replica.actor.turns import TurnCalls
 from replica.api import (
@@ -61,8 +62,10 @@ class ReplicaActor:
         config: ReplicaConfig,
         router: Any = None,
         report_interval_s: float = 1.0,
+        stream_threads: int = OUTPUT_STREAM_THREADS,
     ) -> None:
-        """``router``: the ``SessionRouter``'s handle (None: report to no router)."""
+        """``router``: the ``SessionRouter``'s handle (None: report to no router);
+        ``stream_threads``: the class's output stream groups (``remote_replica_actor``)."""
         from replica.engine.engine import Engine
 
         model = LoadedModel.load(config)
@@ -80,7 +83,7 @@ class ReplicaActor:
             on_started=self._engine_started,
         )
         faults = failpoints.CallFaults(config.failpoints)
-        self.outputs = OutputStreams(self.engine, self.host, self.tasks)
+        self.outputs = OutputStreams(self.engine, self.host, self.tasks, stream_threads)
         self.checkpoints = CheckpointCalls(
             self.engine,
             self.host,
@@ -216,9 +219,18 @@ class ReplicaActor:
     ) -> bool | ActorError:
         return await self.turns.cancel(session_id, why, turn_id)
 
+    async def output_stream_group(self, gateway_id: str) -> str:
+        return self.outputs.reserve(gateway_id)
+
+    @ray.method(
+        concurrency_group=FIRST_GROUP, _generator_backpressure_num_objects=STREAM_BACKPRESSURE
+    )
+    def stream_outputs(self, gateway_id: str, group: str):
+        yield from self.outputs.stream(gateway_id, group)
+
     @ray.method(_generator_backpressure_num_objects=STREAM_BACKPRESSURE)
-    async def stream_outputs(self, gateway_id: str):
-        async for batch in self.outputs.stream(gateway_id):
+    async def stream_outputs_async(self, gateway_id: str):
+        async for batch in self.outputs.stream_async(gateway_id):
             yield batch
 
     async def mark_moving(self, session_ids: list[str]) -> Exported | ActorError:

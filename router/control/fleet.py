@@ -79,7 +79,7 @@ class Fleet:
         ``timeout_s`` (default: the deployment's bound), removing every one of them.
         ``replica_gpus`` overrides the deployment's ask (a serve that attaches with its own);
         ``failpoints`` are switched on in these replicas on top of the deployment's."""
-        from replica.actor import ReplicaActor
+        from replica.actor import remote_replica_actor
 
         cfg = self.config
         threads = replica_threads(cfg)
@@ -93,7 +93,7 @@ class Fleet:
         try:
             for replica_id in ids:
                 self.replicas[replica_id] = (
-                    ray.remote(ReplicaActor)
+                    remote_replica_actor()
                     .options(
                         name=replica_id,
                         namespace=cfg.namespace,

@@ -83,7 +83,7 @@ class Delivery:
     async def _pump(self, route: Route) -> None:
         inboxes = self._inboxes
         try:
-            async for ref in route.replica.stream_outputs(gateway_id=self.gateway_id):
+            async for ref in await route.replica.stream_outputs(gateway_id=self.gateway_id):
                 # the read hands out an item once it is ready, which Ray defines as "its get
                 # returns at once" (the items are a step's tokens and events, inlined in the
                 # stream's reports): no future and loop hop of an ``await`` per item, 6-7 %
