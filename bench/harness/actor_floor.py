@@ -55,8 +55,8 @@ class ActorFloor:
         self.bare = bare
         self.cpu = cpu
         self.figures: dict[str, list[float]] = defaultdict(list)
-        self.items: dict[int, ItemCost] = {}
-        self.plain_items: dict[int, ItemCost] = {}  # the same item from a plain generator
+        self.async_items: dict[int, ItemCost] = {}  # from an async generator (the fallback)
+        self.plain_items: dict[int, ItemCost] = {}  # the replica's kind: a plain generator
 
     async def rounds(self, sessions: int, new_tokens: int = 64, rounds: int = 3) -> None:
         """One run of each path: ``rounds`` turns of ``new_tokens`` on ``sessions`` at once."""
@@ -92,13 +92,13 @@ class ActorFloor:
         per_token = statistics.median(self.figures[f"items/token {sessions}"])
         rate = statistics.median(self.figures[f"actor {sessions}"]) * per_token
         rows = max(1, round(1 / per_token)) if per_token else sessions
-        self.items[sessions] = await stream_item_cost(rate, seconds, RowsItem(rows))
+        self.async_items[sessions] = await stream_item_cost(rate, seconds, RowsItem(rows))
         self.plain_items[sessions] = await stream_item_cost(
             rate, seconds, RowsItem(rows), PlainStreamProducer
         )
 
     def ceiling(self, sessions: int) -> float:
-        f, item = self.figures, self.items[sessions]
+        f, item = self.figures, self.plain_items[sessions]  # the replica's kind of item
         engine = statistics.median(f[f"in-process CPU {sessions}"])
         per_token = statistics.median(f[f"items/token {sessions}"])
         return engine / (engine + per_token * item.producer_ms * 1e3)
@@ -137,10 +137,10 @@ class ActorFloor:
             "bare actor us/token",
             "items/token",
             "item CPU us (replica + reader)",
-            "plain generator's",
+            "async generator's",
             "ceiling",
         )
-        for n, item in self.items.items():
+        for n, item in self.plain_items.items():
             table.add(
                 n,
                 Spread.of(f[f"actor CPU {n}"]).format(".1f"),
@@ -148,15 +148,16 @@ class ActorFloor:
                 Spread.of(f[f"bare actor CPU {n}"]).format(".1f"),
                 Spread.of(f[f"items/token {n}"]).format(".3f"),
                 f"{item.producer_ms * 1e3:.0f} + {item.consumer_ms * 1e3:.0f}",
-                f"{self.plain_items[n].producer_ms * 1e3:.0f} + "
-                f"{self.plain_items[n].consumer_ms * 1e3:.0f}",
+                f"{self.async_items[n].producer_ms * 1e3:.0f} + "
+                f"{self.async_items[n].consumer_ms * 1e3:.0f}",
                 f"{self.ceiling(n):.2f}",
             )
         table.print()
         print(
             "ceiling: in-process CPU / (in-process CPU + items per token x the item's CPU in the "
-            "replica), the most one item per step of the replica's kind (an async generator on "
-            "the event loop) allows; the rest of replica CPU - in-process CPU is the actor's own "
-            "work (calls, event loop, GIL hand-offs). The plain generator's item: the same item "
-            "from a plain generator on a thread of its own, the bare engine actor's kind"
+            "replica), the most one item per step of the replica's kind (a plain generator on a "
+            "stream thread of its own) allows; the rest of replica CPU - in-process CPU is the "
+            "actor's own work (calls, event loop, GIL hand-offs). The async generator's item: the "
+            "same item from an async generator on the event loop, the replica's kind when it has "
+            "no stream thread free"
         )

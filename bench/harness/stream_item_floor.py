@@ -83,7 +83,8 @@ async def produce(
 
 @ray.remote(num_cpus=0)
 class StreamProducer:
-    """Its stream is an async generator on the event loop, as the replica's streams are."""
+    """Its stream is an async generator on the event loop, as the replica's checkpoint stream
+    is (and a gateway's output stream when the replica has no stream thread free)."""
 
     def __init__(self) -> None:
         self.items: asyncio.Queue = asyncio.Queue()
@@ -102,8 +103,8 @@ class StreamProducer:
 @ray.remote(num_cpus=0, concurrency_groups={"stream": 1})
 class PlainStreamProducer:
     """Its stream is a plain generator on a thread of its own (a concurrency group of this async
-    actor), fed from the event loop through a ``queue.SimpleQueue``: a shape an async replica
-    could stream in."""
+    actor), fed from the event loop through a ``queue.SimpleQueue``: as a replica streams a
+    gateway's outputs (``replica.actor.stream_threads``)."""
 
     def __init__(self) -> None:
         self.items: queue.SimpleQueue = queue.SimpleQueue()
