@@ -81,6 +81,14 @@ class CheckpointCalls:
         """The engine's outputs, those of sessions whose checkpoint is on its way held back."""
         (self.outbox.dispatch if self.outbox is not None else self._send)(events)
 
+    def send_rows(self, outputs: list[StepOutputs]) -> bool:
+        """On the engine thread: a step's token rows (no event), sent straight on when nothing
+        is held or waits for a checkpoint (True); else False, and they go by the event loop."""
+        if self.outbox is not None and not self.outbox.outputs.idle:
+            return False
+        self._send(outputs)
+        return True
+
     def push(self, batch: CheckpointBatch) -> None:
         """What one engine step left to checkpoint (before that step's events)."""
         if self.outbox is not None:

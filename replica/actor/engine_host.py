@@ -2,7 +2,8 @@
 
 It owns the ``AsyncEngine`` (the engine on its own thread), started on first use because it
 needs the running event loop; the callbacks it is built with receive what the engine produces
-(``AsyncEngine``'s ``on_events``, ``on_released``, ``on_failed``, ``on_checkpoints``), and
+(``AsyncEngine``'s ``on_events``, ``on_released``, ``on_failed``, ``on_checkpoints``,
+``on_rows``), and
 ``on_started`` is called once, on the event loop, right after the start. ``call`` runs a command
 on the engine thread between steps; a refusal (``ReplicaError``) comes back as an ``ActorError``
 value, never raised. Used on the actor's event loop only.
@@ -31,14 +32,16 @@ class EngineHost:
         on_failed: Callable[[BaseException], None],
         on_checkpoints: Callable[[CheckpointBatch], None] | None,
         on_started: Callable[[], None],
+        on_rows: Callable[[list[StepOutputs]], bool] | None = None,
     ) -> None:
-        """``on_checkpoints`` None: checkpoints are off."""
+        """``on_checkpoints`` None: checkpoints are off; ``on_rows``: ``AsyncEngine``'s."""
         self.engine = engine
         self._on_events = on_events
         self._on_released = on_released
         self._on_failed = on_failed
         self._on_checkpoints = on_checkpoints
         self._on_started = on_started
+        self._on_rows = on_rows
         self._async: AsyncEngine | None = None
 
     @property
@@ -56,6 +59,7 @@ class EngineHost:
                 self._on_released,
                 on_failed=self._on_failed,
                 on_checkpoints=self._on_checkpoints,
+                on_rows=self._on_rows,
             )
             self._on_started()
         return self._async

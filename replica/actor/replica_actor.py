@@ -81,6 +81,7 @@ class ReplicaActor:
             on_failed=self._engine_failed,
             on_checkpoints=self._engine_checkpoints if config.session_checkpoints else None,
             on_started=self._engine_started,
+            on_rows=self._engine_rows,
         )
         faults = failpoints.CallFaults(config.failpoints)
         self.outputs = OutputStreams(self.engine, self.host, self.tasks, stream_threads)
@@ -119,6 +120,9 @@ class ReplicaActor:
 
     def _engine_events(self, events: list[StepOutputs]) -> None:
         self.checkpoints.dispatch(events)
+
+    def _engine_rows(self, rows: list[StepOutputs]) -> bool:
+        return self.checkpoints.send_rows(rows)  # on the engine thread
 
     def _engine_checkpoints(self, batch: CheckpointBatch) -> None:
         self.checkpoints.push(batch)

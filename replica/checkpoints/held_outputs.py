@@ -9,8 +9,10 @@ a failover that loses this one is found then). Every other session's outputs go 
 but for one thing: a step whose outputs hold a session back waits whole for the store's next
 take, ``STEP_WAIT_S`` at most, so that the turn's end usually reaches the gateway in the same
 stream item as the step's other tokens instead of one of its own; outputs dispatched meanwhile
-join it, in order. Used on the actor's event loop only (``holds.given_up`` may be read from the
-engine thread).
+join it, in order. ``idle`` says that nothing is held, waits or is deferred, so that outputs
+sent on now keep the engine's order: set at the end of each call here, False from the start of
+one that may hold (a release by ``holds`` alone leaves it False until the next call). Used on the
+actor's event loop only (``idle`` and ``holds.given_up`` may be read from the engine thread).
 """
 
 from __future__ import annotations
@@ -33,29 +35,41 @@ class HeldOutputs:
         self.unheld: set[str] = set()  # of those, the ones whose outputs go on meanwhile
         self._deferred: list[StepOutputs] = []  # outputs waiting whole for the store's take
         self._timer: asyncio.TimerHandle | None = None
+        self.idle = True
+
+    def _settle(self) -> None:
+        self.idle = (
+            not self._deferred
+            and len(self.waiting) == len(self.unheld)
+            and not self.holds.holding()
+        )
 
     def dispatch(self, outputs: list[StepOutputs]) -> None:
         """Send ``outputs`` on, but what belongs to waiting sessions (consumes the records)."""
-        if self._deferred:
-            self._deferred.extend(outputs)
-            return
-        if len(self.waiting) == len(self.unheld) and not self.holds.holding():  # none waits
-            self.send(outputs)
-            return
-        if self._holds_back(outputs):
-            self._deferred = list(outputs)
-            self._timer = asyncio.get_running_loop().call_later(STEP_WAIT_S, self.flush)
-            return
-        self._split(outputs)
+        self.idle = False
+        try:
+            if self._deferred:
+                self._deferred.extend(outputs)
+            elif len(self.waiting) == len(self.unheld) and not self.holds.holding():  # none waits
+                self.send(outputs)
+            elif self._holds_back(outputs):
+                self._deferred = list(outputs)
+                self._timer = asyncio.get_running_loop().call_later(STEP_WAIT_S, self.flush)
+            else:
+                self._split(outputs)
+        finally:
+            self._settle()
 
     def wait(self, session_id: str, seq: int, hold: bool = True) -> None:
         """The session's checkpoint numbered ``seq`` is on its way; its outputs wait for it
         unless not ``hold`` (its next turn is refused if a failover loses this state)."""
+        self.idle = False
         self.waiting[session_id] = seq
         if hold:
             self.unheld.discard(session_id)
         else:
             self.unheld.add(session_id)
+        self._settle()
 
     def stored(self, seq: int) -> list[str]:
         """The store has every checkpoint numbered up to ``seq``: the sessions that waited for
@@ -65,7 +79,7 @@ class HeldOutputs:
             del self.waiting[session_id]
             self.unheld.discard(session_id)
             self.holds.stored(session_id)
-        self.flush()
+        self.flush()  # settles
         return stored
 
     def release_all(self) -> None:
@@ -74,6 +88,7 @@ class HeldOutputs:
         self.unheld.clear()
         self.flush()
         self.holds.release_all()
+        self._settle()
 
     def flush(self) -> None:
         """The deferred outputs go on, but for the sessions still waiting (idempotent)."""
@@ -83,6 +98,7 @@ class HeldOutputs:
             self._timer = None
         if deferred:
             self._split(deferred)
+        self._settle()
 
     def _holds_back(self, outputs: list[StepOutputs]) -> bool:
         """Whether a session of ``outputs`` waits (held, and its hold was not given up)."""

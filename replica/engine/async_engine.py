@@ -6,8 +6,11 @@ receive the steps' ``StepOutputs`` through the ``on_events`` callback, called on
 (preceded by ``on_checkpoints`` with what a step left to checkpoint, when checkpoints are on):
 the steps that end while the loop is busy are handed over together, in one wake-up of the loop
 (one per step would cost a wake-up and a callback per step, and contend for the GIL with the
-engine thread). The engine thread never blocks on the event loop, and the event loop never waits
-for a step.
+engine thread). A step with token rows only (no event, nothing to checkpoint) skips the loop when
+nothing handed over before is still on its way there: ``on_rows(outputs)``, called on the engine
+thread, takes it straight on when it can (True) or leaves it to the loop (False), so the outputs
+keep the engine's order. The engine thread never blocks on the event loop, and the event loop
+never waits for a step.
 Between steps the thread also releases (and, with ``park_after_idle_s``, parks) idle sessions about
 every second, and publishes a fresh ``PoolSnapshot`` (``latest_snapshot``) about every
 ``snapshot_interval_s``, so readers never touch the pools.
@@ -52,8 +55,10 @@ class AsyncEngine:
         snapshot_interval_s: float = 0.25,
         on_failed: Callable[[BaseException], None] | None = None,
         on_checkpoints: Callable[[CheckpointBatch], None] | None = None,
+        on_rows: Callable[[list[StepOutputs]], bool] | None = None,
     ) -> None:
         self.engine = engine
+        self._on_rows = on_rows
         self._on_events = on_events
         self._on_checkpoints = on_checkpoints
         self._on_released = on_released
@@ -67,6 +72,7 @@ class AsyncEngine:
         self._handoff: list[StepOutputs] = []  # outputs the event loop has not taken yet
         self._handoff_checkpoints: list[CheckpointBatch] = []  # and checkpoints
         self._handoff_due = False  # a wake-up of the event loop is on its way
+        self._delivering = False  # the event loop is handing over what it took
         self._handoff_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self._thread.start()
@@ -120,6 +126,14 @@ class AsyncEngine:
         """On the engine thread: queue a step's events and checkpoints; wake the event loop
         unless a wake-up is already on its way (it will take these too)."""
         with self._handoff_lock:
+            if (
+                self._on_rows is not None
+                and checkpoints is None
+                and not events.events
+                and not (self._handoff_due or self._delivering)
+                and self._on_rows([events])
+            ):
+                return
             if events:
                 self._handoff.append(events)
             if checkpoints:
@@ -136,10 +150,15 @@ class AsyncEngine:
             events, self._handoff = self._handoff, []
             checkpoints, self._handoff_checkpoints = self._handoff_checkpoints, []
             self._handoff_due = False
-        for batch in checkpoints:
-            self._on_checkpoints(batch)
-        if events:
-            self._on_events(events)
+            self._delivering = True
+        try:
+            for batch in checkpoints:
+                self._on_checkpoints(batch)
+            if events:
+                self._on_events(events)
+        finally:
+            with self._handoff_lock:
+                self._delivering = False
 
     def _failure(self) -> EngineFailedError:
         return EngineFailedError(
