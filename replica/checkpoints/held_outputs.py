@@ -37,12 +37,11 @@ class HeldOutputs:
         self._timer: asyncio.TimerHandle | None = None
         self.idle = True
 
+    def _none_waits(self) -> bool:
+        return len(self.waiting) == len(self.unheld) and not self.holds.holding()
+
     def _settle(self) -> None:
-        self.idle = (
-            not self._deferred
-            and len(self.waiting) == len(self.unheld)
-            and not self.holds.holding()
-        )
+        self.idle = not self._deferred and self._none_waits()
 
     def dispatch(self, outputs: list[StepOutputs]) -> None:
         """Send ``outputs`` on, but what belongs to waiting sessions (consumes the records)."""
@@ -50,7 +49,7 @@ class HeldOutputs:
         try:
             if self._deferred:
                 self._deferred.extend(outputs)
-            elif len(self.waiting) == len(self.unheld) and not self.holds.holding():  # none waits
+            elif self._none_waits():
                 self.send(outputs)
             elif self._holds_back(outputs):
                 self._deferred = list(outputs)
