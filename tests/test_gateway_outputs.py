@@ -106,7 +106,24 @@ def test_stream_threads_are_handed_out_once_each_and_given_back():
     first, second = threads.reserve("a"), threads.reserve("b")
     assert {first, second} == set(concurrency_groups(2))
     assert threads.reserve("c") == ""  # none free: that gateway streams from the event loop
-    threads.release(first)
-    threads.release(first)  # idempotent
+    threads.release(first, "a")
+    threads.release(first, "a")  # idempotent
     assert threads.held() == {second: "b"}
     assert threads.reserve("c") == first
+
+
+def test_a_thread_reserved_and_never_streamed_on_is_free_again_after_its_bound():
+    now = [0.0]
+    threads = StreamThreads(1, reserved_s=10.0, clock=lambda: now[0])
+    group = threads.reserve("dead")  # its gateway dies before its stream call
+    now[0] = 9.0
+    assert threads.reserve("b") == ""
+    now[0] = 11.0
+    assert threads.reserve("b") == group  # given up: it is b's now
+    threads.started(group, "dead")  # a late stream of the dead gateway takes nothing
+    threads.release(group, "dead")  # nor gives b's group back
+    threads.started(group, "b")
+    now[0] = 100.0
+    assert threads.reserve("c") == ""  # b streams on it: no bound
+    threads.release(group, "b")
+    assert threads.reserve("c") == group

@@ -55,12 +55,13 @@ class OutputStreams:
         """On the thread of ``group``: what the engine produces for ``gateway_id``; an item
         waits while the gateway has not taken the previous ones, and carries everything
         produced meanwhile. The engine is started first (on the event loop)."""
+        self.threads.started(group, gateway_id)
         try:
             if not self.host.started:
                 asyncio.run_coroutine_threadsafe(self.host.start(), self.loop).result()
             yield from self.outputs.stream(gateway_id)
         finally:
-            self.threads.release(group)
+            self.threads.release(group, gateway_id)
 
     async def stream_async(self, gateway_id: str) -> AsyncIterator[list[DeliveryEntry]]:
         """``stream`` on the event loop."""
