@@ -11,10 +11,9 @@
    the engine produces while a client has not taken the last message is merged into the next
    one, so messages grow with the backlog. Goal: more than 1 at 10 ms, and growing with it.
 3. direct-actor tokens/s / the in-process engine's, at 8 and 64 sessions (64 tokens a turn).
-   Goal >= 0.8. With it, where the actor's time goes: both paths' CPU per token, the output
-   items per token, and one such item's CPU on bare actors (``bench.harness.actor_floor``): the
-   ceiling that one item per engine step allows; and the same rounds on a bare engine actor
-   (``bench.harness.bare_engine_actor``), that ceiling measured.
+   Goal >= 0.8. With it (``bench.harness.actor_floor``), the same rounds on the replica read over
+   its Ray stream instead of its output socket, on a replica without session checkpoints, and on
+   a bare engine actor streaming an item a step over Ray; each path's CPU per token.
 4. gRPC lifecycles/s / direct-actor lifecycles/s at concurrency 64 (open, a turn of 8 tokens,
    close). Goal >= 0.8.
 5. two gateways vs one: tokens/s to 128 streams from two client processes (64 each), both on
@@ -30,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 from collections import defaultdict
 
 import ray
@@ -48,6 +48,7 @@ from bench.harness.relay_server import RelayServer
 from bench.harness.report import Goal, Table
 from bench.harness.stats import Spread, ratios
 from bench.harness.streams import StreamRounds, run_stream_rounds
+from replica.actor import remote_replica_actor
 
 STREAMS = 64
 READ_EVERY_MS = (0, 10, 30)
@@ -76,13 +77,28 @@ async def measure(cluster: LocalCluster, args: argparse.Namespace) -> list[Goal]
     client = grpc_driver.client
     cpu = CpuMeter({client.pid: "client"})
     direct = DirectDriver(cluster.handles[:1])
+    unchecked_replica = (
+        remote_replica_actor()
+        .options(num_cpus=0, max_concurrency=10_000)
+        .remote(
+            "bench-no-checkpoints",
+            dataclasses.replace(cluster.replica_config, session_checkpoints=False),
+        )
+    )
+    drivers = {
+        "actor": direct,
+        "over Ray": DirectDriver(cluster.handles[:1], use_socket=False),
+        "no checkpoints": DirectDriver([unchecked_replica]),
+    }
+    await drivers["no checkpoints"].token_rounds(max(ACTOR_SESSIONS), 8, 1)  # warm it, as
+    # section 1 warms the first replica
     inproc = InProcessDriver(build_engine(cluster.replica_config))
     second = GatewayProcess(cluster.config.namespace).start()
     clients = [await ClientProcess.start(cluster.server.grpc_address) for _ in range(2)]
     client_b = await ClientProcess.start(second.address)
     figures: dict[str, list[float]] = defaultdict(list)
     bare = BareEngineActor.remote(cluster.replica_config)
-    floor = ActorFloor(direct, inproc, bare, cpu, ACTOR_SESSIONS)
+    floor = ActorFloor(drivers, inproc, bare, cpu, ACTOR_SESSIONS)
     try:
         for _ in range(args.repeats):
             await cpu_per_token(cluster, client, cpu, tokens, figures)
@@ -99,10 +115,11 @@ async def measure(cluster: LocalCluster, args: argparse.Namespace) -> list[Goal]
             for name, pair in (("one", clients), ("two", [clients[0], client_b])):
                 runs = await asyncio.gather(*(streams(c, STREAMS, tokens // 2) for c in pair))
                 figures[f"{name} gateway(s)"].append(sum(r.rate for r in runs))
-        await floor.measure_items(seconds=3.0 if args.quick else 8.0)
     finally:
         ray.kill(bare)
-        direct.stop()
+        for driver in drivers.values():
+            driver.stop()
+        ray.kill(unchecked_replica)
         for c in (*clients, client_b):
             c.stop()
         second.stop()
@@ -198,10 +215,11 @@ def report(figures: dict[str, list[float]], floor: ActorFloor) -> list[Goal]:
         ),
         *(
             Goal(
-                f"direct actor / in-process tokens/s, {n} sessions (one item per step allows "
-                f"{floor.ceiling(n):.2f}, a bare engine actor reaches "
-                f"{floor.bare_ratio(n).median:.2f})",
-                ratios(floor.figures[f"actor {n}"], floor.figures[f"in-process {n}"]),
+                f"direct actor / in-process tokens/s, {n} sessions (over Ray "
+                f"{floor.ratio('over Ray', n).median:.2f}, without checkpoints "
+                f"{floor.ratio('no checkpoints', n).median:.2f}, a bare engine actor over Ray "
+                f"{floor.ratio('bare actor', n).median:.2f})",
+                floor.ratio("actor", n),
                 GOAL_ACTOR,
             )
             for n in ACTOR_SESSIONS

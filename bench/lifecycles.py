@@ -8,7 +8,7 @@ elsewhere falls on all three alike:
   gateway     AsyncSessionClient over loopback gRPC, in a child process -> gateway -> replica
               actor (open, submit, close) and router actor (pin, forget): 5 actor calls
   direct      the same calls straight on the replica actors from this process, with one
-              long-lived stream_outputs generator per replica, as a gateway keeps: 3 actor calls
+              long-lived output stream per replica (its socket), as a gateway keeps: 3 actor calls
   in-process  the Engine on this thread, stepping until the turn ends: no Ray, no gRPC
 
 The yardstick, in the same run: raw async actor calls (``ping`` on a replica actor), their

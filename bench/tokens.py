@@ -6,7 +6,7 @@ ways in one run, interleaved per repetition:
 
   gRPC         AsyncSessionClient in a child process -> gateway -> replica actor (other
                replicas draining, so the router places every session on the first)
-  actor        straight on the replica actor from this process, one stream_outputs generator
+  actor        straight on the replica actor from this process, one output stream (its socket)
   in-process   the Engine on this thread
 
 plus the CPU each run cost, per process group (this process: the gateway and the drivers; the

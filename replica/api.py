@@ -410,6 +410,17 @@ class ReportReply:
 
 
 @dataclass(frozen=True, slots=True)
+class OutputAddress:
+    """Where a gateway reads its outputs from a replica over a socket of its own
+    (``replica.actor.output_server``): the node's address, a port, and the replica's secret,
+    which the gateway presents first. Handed out only through Ray, so only to its callers."""
+
+    host: str
+    port: int
+    token: bytes = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
 class ReplicaDescription:
     """What the router needs to know about a replica to place sessions on it."""
 

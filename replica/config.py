@@ -215,6 +215,13 @@ class ReplicaConfig:
         "after each turn, checkpoint the session's state (off the token path) to storage that "
         "outlives this replica, so that its sessions survive its death",
     )
+    output_socket: bool = setting(
+        True,
+        "each gateway reads its token outputs from a TCP connection of its own to the replica "
+        "(the node's address, a port the system picks, a per-replica secret handed out through "
+        "Ray; a tenth of a Ray stream item's CPU); off: Ray's streaming call only, e.g. where "
+        "all traffic between pods must be Ray's (TLS)",
+    )
     cuda_graphs: bool = setting(
         True,
         "on CUDA, run each decode step as a CUDA graph captured for its padded batch size and KV "

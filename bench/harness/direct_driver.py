@@ -1,8 +1,8 @@
 """The session workloads straight on the replica actors: what the gateway does, minus gRPC and
 the router. Opens, turns and closes are actor calls from this process, batched per replica as the
-gateway batches them (``router.gateway.replica_calls``); one long-lived ``stream_outputs``
-generator per replica (kept open, as a gateway keeps it) hands each item's entries to per-session
-inboxes; replicas are taken round robin.
+gateway batches them (``router.gateway.replica_calls``); one long-lived output stream per replica
+(``ReplicaClient.read_outputs``, kept open as a gateway keeps it) hands each item's entries to
+per-session inboxes; replicas are taken round robin.
 """
 
 from __future__ import annotations
@@ -26,8 +26,11 @@ from router.gateway.replica_calls import ReplicaCalls
 class DirectDriver:
     """A gateway without gRPC or router over the replica actor ``handles``; ``stop()`` it."""
 
-    def __init__(self, handles: list[Any]) -> None:
+    def __init__(self, handles: list[Any], use_socket: bool = True) -> None:
+        """``use_socket``: read the outputs from the replicas' output sockets, as a gateway
+        does (False: from their Ray streams, the gateway's fallback)."""
         self.handles = handles
+        self.use_socket = use_socket
         self.gateway_id = f"bench-direct-{secrets.token_hex(4)}"
         self.inboxes: dict[str, Inbox] = {}
         self.items = 0  # output stream items taken, over every replica
@@ -37,9 +40,13 @@ class DirectDriver:
         self._pumps = [loop.create_task(self._pump(h)) for h in handles]
 
     async def _pump(self, handle: Any) -> None:
-        async for ref in await ReplicaClient(handle).stream_outputs(gateway_id=self.gateway_id):
-            hand_out(await ref, self.inboxes)
+        def take(entries: list) -> None:
+            hand_out(entries, self.inboxes)
             self.items += 1
+
+        await ReplicaClient(handle).read_outputs(
+            gateway_id=self.gateway_id, on_entries=take, use_socket=self.use_socket
+        )
 
     async def open(self, handle: Any) -> str:
         """Opens a session on ``handle``'s replica (one actor call); returns its id."""

@@ -6,8 +6,10 @@ types (``replica.api``): refusals come back as ``ActorError`` values; a call tha
 caller to read with its own retry and classification policy. The client holds nothing but the
 handle: it is cheap to make, and travels across Ray inside a ``Route``.
 
-Two calls are not plain coroutines, because their callers need the object references: the
-streaming calls (``stream_outputs``, ``checkpoint_stream``) answer their items' references,
+A gateway reads its outputs with ``read_outputs``: over the replica's output socket
+(``replica.actor.output_server``) when it has one and a connection is made, else from the Ray
+stream. Two calls are not plain coroutines, because their callers need the object references:
+the streaming calls (``stream_outputs``, ``checkpoint_stream``) answer their items' references,
 whose items the caller owns (``checkpoint_stream``'s each read so that a read Ray leaves asleep
 costs at most a recheck: ``replica.actor.stream_reads``); ``export_sessions`` answers the
 references of its two results, so the exported state can go to its target without passing
@@ -16,17 +18,21 @@ through the caller.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import ray
 from ray import ObjectRef, ObjectRefGenerator
 
+from replica.actor.output_reader import read_socket_outputs
 from replica.actor.stream_reads import refs
 from replica.api import (
     ActorError,
     ChatPrompt,
     Closed,
+    DeliveryEntry,
     Exported,
     ForkedTurn,
     Imported,
@@ -34,6 +40,7 @@ from replica.api import (
     OpenArgs,
     Opened,
     OpenedBatch,
+    OutputAddress,
     PoolSnapshot,
     ReleaseReason,
     RenderedTurn,
@@ -43,6 +50,8 @@ from replica.api import (
     SessionStates,
     TurnArgs,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +157,46 @@ class ReplicaClient:
         turn_id: int | None = None,
     ) -> bool | ActorError:
         return await self.handle.cancel.remote(session_id, why, turn_id)
+
+    async def output_address(self) -> OutputAddress | None:
+        return await self.handle.output_address.remote()
+
+    async def read_outputs(
+        self,
+        *,
+        gateway_id: str,
+        on_entries: Callable[[list[DeliveryEntry]], None],
+        use_socket: bool = True,
+    ) -> None:
+        """Hand each item of ``gateway_id``'s outputs to ``on_entries`` until the replica ends
+        the stream (returns) or it breaks (raises: Ray's error, or ``ReplicaStreamError``).
+        Over the replica's output socket when it has one and it connects (and ``use_socket``),
+        else, from the start, over the Ray stream."""
+        address = await self.output_address() if use_socket else None
+        if address is not None:
+            connected = False
+
+            def made() -> None:
+                nonlocal connected
+                connected = True
+
+            try:
+                await read_socket_outputs(address, gateway_id, on_entries, made)
+                return
+            except OSError as exc:
+                if connected:
+                    raise
+                log.warning(
+                    "no output socket to %s:%d (%s): reading the Ray stream",
+                    address.host,
+                    address.port,
+                    exc,
+                )
+        async for ref in await self.stream_outputs(gateway_id=gateway_id):
+            # the read hands out an item once it is ready, which Ray defines as "its get
+            # returns at once" (the items are a step's tokens and events, inlined in the
+            # stream's reports): no future and loop hop of an ``await`` per item
+            on_entries(ray.get(ref))
 
     async def stream_outputs(self, *, gateway_id: str) -> ObjectRefGenerator:
         """The long-lived stream of ``gateway_id``'s outputs: references to lists of

@@ -41,6 +41,7 @@ from replica.api import (
     OpenArgs,
     Opened,
     OpenedBatch,
+    OutputAddress,
     PoolSnapshot,
     ReleaseReason,
     RenderedTurn,
@@ -84,7 +85,10 @@ class ReplicaActor:
             on_rows=self._engine_rows,
         )
         faults = failpoints.CallFaults(config.failpoints)
-        self.outputs = OutputStreams(self.engine, self.host, self.tasks, stream_threads)
+        socket_host = ray.util.get_node_ip_address() if config.output_socket else None
+        self.outputs = OutputStreams(
+            self.engine, self.host, self.tasks, stream_threads, socket_host
+        )
         self.checkpoints = CheckpointCalls(
             self.engine,
             self.host,
@@ -222,6 +226,9 @@ class ReplicaActor:
         self, session_id: str, why: str = "cancelled by the client", turn_id: int | None = None
     ) -> bool | ActorError:
         return await self.turns.cancel(session_id, why, turn_id)
+
+    async def output_address(self) -> OutputAddress | None:
+        return self.outputs.address
 
     async def output_stream_group(self, gateway_id: str) -> str:
         return self.outputs.reserve(gateway_id)

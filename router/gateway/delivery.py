@@ -1,7 +1,8 @@
 """``Delivery``: turn events from the replicas to this gateway's calls.
 
-Token delivery costs no Ray round trip per token: for each replica the gateway keeps one
-long-lived ``stream_outputs`` call whose items carry everything the engine produced for this
+Token delivery costs no round trip per token: for each replica the gateway keeps one
+long-lived output stream (``ReplicaClient.read_outputs``: a socket of its own to the replica, or
+Ray's streaming call) whose items carry everything the engine produced for this
 gateway's sessions since the last item (``replica.api.DeliveryEntry``); the pump hands each
 event, and each token row (``replica.api.TokenRows``: the engine's steps carry one record of
 all their turns' tokens, fanned out to sessions here) as a ``TokenEntry``, to the inbox of its
@@ -25,8 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-
-import ray
 
 from replica.api import ActorError, DeliveryEntry, StatusCode
 from router.control.api import Route
@@ -83,12 +82,9 @@ class Delivery:
     async def _pump(self, route: Route) -> None:
         inboxes = self._inboxes
         try:
-            async for ref in await route.replica.stream_outputs(gateway_id=self.gateway_id):
-                # the read hands out an item once it is ready, which Ray defines as "its get
-                # returns at once" (the items are a step's tokens and events, inlined in the
-                # stream's reports): no future and loop hop of an ``await`` per item, 6-7 %
-                # less of the gateway's CPU per token (measured)
-                hand_out(ray.get(ref), inboxes)
+            await route.replica.read_outputs(
+                gateway_id=self.gateway_id, on_entries=lambda entries: hand_out(entries, inboxes)
+            )
             await self.replica_ended(route.replica_id)
         except asyncio.CancelledError:
             raise

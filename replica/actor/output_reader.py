@@ -1,0 +1,126 @@
+"""``read_socket_outputs``: a gateway's end of its output socket to one replica
+(``replica.actor.output_server``, format in ``replica.actor.output_wire``).
+
+The connection counts as made once the replica's ``READY`` came. Frames are handed out as they
+arrive, in the event loop's read callback: each item's entries go
+to ``on_entries`` with no task, future or coroutine per item. The read returns when the replica
+ends the stream (``END``: it shuts down) and raises when it cannot go on: ``ReplicaStreamError``
+with the replica's reason when its engine died (``FAILED``), or when the connection closed
+without a word (its process is gone). TCP keepalive finds a replica whose host vanished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import socket
+from collections.abc import Callable
+
+from replica.actor import output_wire as wire
+from replica.api import DeliveryEntry, OutputAddress
+
+CONNECT_TIMEOUT_S = 5.0
+KEEPALIVE = {"TCP_KEEPIDLE": 10, "TCP_KEEPINTVL": 5, "TCP_KEEPCNT": 3}
+
+
+class ReplicaStreamError(ConnectionError):
+    """The replica's output stream broke: its engine died, or its process did."""
+
+
+class _Reader(asyncio.Protocol):
+    def __init__(self, greeting: bytes, on_entries: Callable[[list[DeliveryEntry]], None]) -> None:
+        self.greeting = greeting
+        self.on_entries = on_entries
+        loop = asyncio.get_running_loop()
+        self.ready: asyncio.Future = loop.create_future()  # the replica took the connection
+        self.ended: asyncio.Future = loop.create_future()
+        self.transport: asyncio.Transport | None = None
+        self._buffer = bytearray()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        _keepalive(transport.get_extra_info("socket"))
+        self.transport.write(self.greeting)
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        buffer += data
+        at = 0
+        try:
+            while len(buffer) - at >= wire.HEADER.size:
+                kind, size = wire.HEADER.unpack_from(buffer, at)
+                start = at + wire.HEADER.size
+                if len(buffer) - start < size:
+                    break
+                at = start + size
+                if kind == wire.ITEM:
+                    self.on_entries(pickle.loads(buffer[start:at]))
+                elif kind == wire.READY:
+                    _settle(self.ready)
+                else:
+                    self._finish(kind, bytes(buffer[start:at]))
+                    return
+        except Exception as exc:  # noqa: BLE001 - a bad frame or a failing hand-out ends the read
+            self._fail(exc)
+        finally:
+            del buffer[:at]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        why = f": {exc}" if exc else ""
+        _settle(self.ready, ConnectionRefusedError(f"the replica did not take the socket{why}"))
+        self._fail(ReplicaStreamError(f"the replica's output socket closed{why}"))
+
+    def _finish(self, kind: int, payload: bytes) -> None:
+        if kind == wire.END:
+            _settle(self.ended)
+        else:
+            self._fail(ReplicaStreamError(payload.decode(errors="replace") or f"frame {kind}"))
+        self.transport.close()
+
+    def _fail(self, exc: BaseException) -> None:
+        _settle(self.ended, exc)
+        if self.transport is not None:
+            self.transport.close()
+
+
+def _settle(future: asyncio.Future, error: BaseException | None = None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+
+
+async def read_socket_outputs(
+    address: OutputAddress,
+    gateway_id: str,
+    on_entries: Callable[[list[DeliveryEntry]], None],
+    connected: Callable[[], None] | None = None,
+) -> None:
+    """Read ``gateway_id``'s outputs from ``address``, each item to ``on_entries``, until the
+    replica ends the stream. ``OSError`` when the replica does not take the connection (nothing
+    was read: the caller may read the Ray stream instead), else ``connected()`` first."""
+    loop = asyncio.get_running_loop()
+    greeting = wire.hello(address.token, gateway_id)
+    transport, reader = await asyncio.wait_for(
+        loop.create_connection(lambda: _Reader(greeting, on_entries), address.host, address.port),
+        CONNECT_TIMEOUT_S,
+    )
+    try:
+        await asyncio.wait_for(asyncio.shield(reader.ready), CONNECT_TIMEOUT_S)
+        if connected is not None:
+            connected()
+        await reader.ended
+    finally:
+        transport.close()
+
+
+def _keepalive(sock: socket.socket | None) -> None:
+    if sock is None:
+        return
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in KEEPALIVE.items():
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
