@@ -51,11 +51,15 @@ class ActorFloor:
         self.bare = bare
         self.cpu = cpu
         self.figures: dict[str, list[float]] = defaultdict(list)
+        self._runs = 0
 
     async def rounds(self, sessions: int, new_tokens: int = 64, rounds: int = 3) -> None:
-        """One run of each path: ``rounds`` turns of ``new_tokens`` on ``sessions`` at once."""
+        """One run of each path: ``rounds`` turns of ``new_tokens`` on ``sessions`` at once. The
+        replica's paths take turns at going first (the first after other work runs slower)."""
         f = self.figures
-        for path in ACTOR_PATHS:
+        first = self._runs % len(ACTOR_PATHS)
+        self._runs += 1
+        for path in ACTOR_PATHS[first:] + ACTOR_PATHS[:first]:
             driver = self.drivers[path]
             items = driver.items
             run, used = await self._metered(driver.token_rounds(sessions, new_tokens, rounds))
