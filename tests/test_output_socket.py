@@ -1,8 +1,9 @@
 """A gateway reads its outputs from a replica over a socket of its own: the same tokens as the
 Ray stream gives; nothing without the replica's secret; a gateway whose socket closes is gone
 (its held sessions released, the pools exact); the replica's shutdown ends the read, its death
-or its engine's breaks it; no connection at all is an ``OSError`` before anything is read (the
-client then reads the Ray stream), and a replica without the socket is read over Ray."""
+or its engine's breaks it; no connection, or one the replica does not take, is
+``SocketNotTaken`` before anything is read (the client then reads the Ray stream), and a replica
+without the socket is read over Ray."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import ray
 from replica.actor import output_wire as wire
 from replica.actor import remote_replica_actor
 from replica.actor.client import ReplicaClient
-from replica.actor.output_reader import ReplicaStreamError, read_socket_outputs
+from replica.actor.output_reader import ReplicaStreamError, SocketNotTaken, read_socket_outputs
 from replica.api import ActorError, OutputAddress, SamplingParams, StatusCode, TurnEvent
 from replica.config import PoolConfig, ReplicaConfig
 
@@ -153,7 +154,7 @@ def test_a_dead_engine_or_replica_breaks_the_read(ray_cluster):
     ray.kill(handle)
 
 
-def test_no_connection_is_an_os_error_before_any_read_and_no_socket_reads_ray(ray_cluster):
+def test_a_socket_not_taken_reads_nothing_and_no_socket_reads_ray(ray_cluster):
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -161,16 +162,15 @@ def test_no_connection_is_an_os_error_before_any_read_and_no_socket_reads_ray(ra
     with_socket, served = start("sock-on")
 
     async def run() -> None:
-        connected = []
-        made = lambda: connected.append(1)  # noqa: E731
+        taken = []
         dead = OutputAddress("127.0.0.1", port, bytes(wire.TOKEN_BYTES))
-        with pytest.raises(OSError):
-            await read_socket_outputs(dead, "gw", lambda entries: None, made)
+        with pytest.raises(SocketNotTaken):
+            await read_socket_outputs(dead, "gw", taken.append)
         live = await served.output_address()
         wrong = OutputAddress(live.host, live.port, bytes(wire.TOKEN_BYTES))
-        with pytest.raises(OSError):  # refused: closed before READY, as when it has no room
-            await read_socket_outputs(wrong, "gw", lambda entries: None, made)
-        assert connected == []  # the client falls back to the Ray stream only then
+        with pytest.raises(SocketNotTaken):  # closed before READY, as when it has no room
+            await read_socket_outputs(wrong, "gw", taken.append)
+        assert taken == []  # nothing read: the client falls back to the Ray stream
         assert await client.output_address() is None
         outputs = Tokens()
         read = asyncio.ensure_future(

@@ -26,7 +26,7 @@ from typing import Any
 import ray
 from ray import ObjectRef, ObjectRefGenerator
 
-from replica.actor.output_reader import read_socket_outputs
+from replica.actor.output_reader import SocketNotTaken, read_socket_outputs
 from replica.actor.stream_reads import refs
 from replica.api import (
     ActorError,
@@ -174,24 +174,11 @@ class ReplicaClient:
         else, from the start, over the Ray stream."""
         address = await self.output_address() if use_socket else None
         if address is not None:
-            connected = False
-
-            def made() -> None:
-                nonlocal connected
-                connected = True
-
             try:
-                await read_socket_outputs(address, gateway_id, on_entries, made)
+                await read_socket_outputs(address, gateway_id, on_entries)
                 return
-            except OSError as exc:
-                if connected:
-                    raise
-                log.warning(
-                    "no output socket to %s:%d (%s): reading the Ray stream",
-                    address.host,
-                    address.port,
-                    exc,
-                )
+            except SocketNotTaken as exc:
+                log.warning("no output socket (%s): reading the Ray stream", exc)
         async for ref in await self.stream_outputs(gateway_id=gateway_id):
             # the read hands out an item once it is ready, which Ray defines as "its get
             # returns at once" (the items are a step's tokens and events, inlined in the

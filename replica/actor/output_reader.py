@@ -1,7 +1,8 @@
 """``read_socket_outputs``: a gateway's end of its output socket to one replica
 (``replica.actor.output_server``, format in ``replica.actor.output_wire``).
 
-The connection counts as made once the replica's ``READY`` came. Frames are handed out as they
+The connection counts as taken once the replica's ``READY`` came (before that, any failure is
+``SocketNotTaken``). Frames are handed out as they
 arrive, in the event loop's read callback: each item's entries go
 to ``on_entries`` with no task, future or coroutine per item. The read returns when the replica
 ends the stream (``END``: it shuts down) and raises when it cannot go on: ``ReplicaStreamError``
@@ -25,6 +26,10 @@ KEEPALIVE = {"TCP_KEEPIDLE": 10, "TCP_KEEPINTVL": 5, "TCP_KEEPCNT": 3}
 
 class ReplicaStreamError(ConnectionError):
     """The replica's output stream broke: its engine died, or its process did."""
+
+
+class SocketNotTaken(ConnectionError):
+    """No connection was made, or the replica did not take it: nothing was read."""
 
 
 class _Reader(asyncio.Protocol):
@@ -93,24 +98,27 @@ def _settle(future: asyncio.Future, error: BaseException | None = None) -> None:
 
 
 async def read_socket_outputs(
-    address: OutputAddress,
-    gateway_id: str,
-    on_entries: Callable[[list[DeliveryEntry]], None],
-    connected: Callable[[], None] | None = None,
+    address: OutputAddress, gateway_id: str, on_entries: Callable[[list[DeliveryEntry]], None]
 ) -> None:
     """Read ``gateway_id``'s outputs from ``address``, each item to ``on_entries``, until the
-    replica ends the stream. ``OSError`` when the replica does not take the connection (nothing
-    was read: the caller may read the Ray stream instead), else ``connected()`` first."""
+    replica ends the stream. ``SocketNotTaken`` when the replica does not take the connection
+    (nothing was read: the caller may read the Ray stream instead)."""
     loop = asyncio.get_running_loop()
     greeting = wire.hello(address.token, gateway_id)
-    transport, reader = await asyncio.wait_for(
-        loop.create_connection(lambda: _Reader(greeting, on_entries), address.host, address.port),
-        CONNECT_TIMEOUT_S,
-    )
+    transport = None
     try:
+        transport, reader = await asyncio.wait_for(
+            loop.create_connection(
+                lambda: _Reader(greeting, on_entries), address.host, address.port
+            ),
+            CONNECT_TIMEOUT_S,
+        )
         await asyncio.wait_for(asyncio.shield(reader.ready), CONNECT_TIMEOUT_S)
-        if connected is not None:
-            connected()
+    except OSError as exc:  # refused, timed out, or closed before READY
+        if transport is not None:
+            transport.close()
+        raise SocketNotTaken(f"{address.host}:{address.port}: {exc}") from exc
+    try:
         await reader.ended
     finally:
         transport.close()
