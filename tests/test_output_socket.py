@@ -19,6 +19,7 @@ from replica.actor import output_wire as wire
 from replica.actor import remote_replica_actor
 from replica.actor.client import ReplicaClient
 from replica.actor.output_reader import ReplicaStreamError, SocketNotTaken, read_socket_outputs
+from replica.actor.output_server import OutputServer
 from replica.api import ActorError, OutputAddress, SamplingParams, StatusCode, TurnEvent
 from replica.config import PoolConfig, ReplicaConfig
 
@@ -182,3 +183,21 @@ def test_a_socket_not_taken_reads_nothing_and_no_socket_reads_ray(ray_cluster):
     asyncio.run(run())
     ray.kill(handle)
     ray.kill(with_socket)
+
+
+def test_the_server_listens_on_an_ipv6_node_address_too():
+    """Ray's node address may be IPv6: the server listens there, items arrive in order, END."""
+    sent = [[("a", 1)], [], [("b", 2)]]
+
+    def stream(gateway_id: str):
+        yield from sent
+
+    server = OutputServer(stream, "::1")
+    got: list = []
+
+    async def run() -> None:
+        await asyncio.wait_for(read_socket_outputs(server.address, "gw-6", got.append), 10)
+
+    asyncio.run(run())
+    server.close()
+    assert got == sent

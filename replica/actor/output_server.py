@@ -24,7 +24,7 @@ import logging
 import secrets
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 
 from replica.actor import output_wire as wire
 from replica.actor.gateway_outputs import ReplicaFailedError
@@ -38,10 +38,14 @@ USER_TIMEOUT_MS = 30_000  # unacknowledged data this long: the gateway's host is
 
 
 class OutputServer:
-    def __init__(self, stream: Callable[[str], Iterator[list[DeliveryEntry]]], host: str) -> None:
-        """``stream(gateway_id)``: that gateway's items, run on the connection's thread."""
+    def __init__(
+        self, stream: Callable[[str], Generator[list[DeliveryEntry], None, None]], host: str
+    ) -> None:
+        """``stream(gateway_id)``: that gateway's items, a generator run on the connection's
+        thread (closed when the gateway is gone)."""
         self._stream = stream
-        self._listener = socket.create_server((host, 0), backlog=64)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET  # Ray's node address
+        self._listener = socket.create_server((host, 0), family=family, backlog=64)
         port = self._listener.getsockname()[1]
         self.address = OutputAddress(host, port, secrets.token_bytes(wire.TOKEN_BYTES))
         self._lock = threading.Lock()
