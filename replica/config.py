@@ -219,8 +219,8 @@ class ReplicaConfig:
         True,
         "each gateway reads its token outputs from a TCP connection of its own to the replica "
         "(the node's address, a port the system picks, a per-replica secret handed out through "
-        "Ray; a tenth of a Ray stream item's CPU); off: Ray's streaming call only, e.g. where "
-        "all traffic between pods must be Ray's (TLS)",
+        "Ray; a gateway's CPU per token a quarter of the Ray stream's); off: Ray's streaming "
+        "call only, e.g. where all traffic between pods must be Ray's (TLS)",
     )
     cuda_graphs: bool = setting(
         True,

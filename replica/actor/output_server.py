@@ -1,8 +1,9 @@
 """``OutputServer``: the replica's end of its gateways' output sockets.
 
-A gateway's token outputs cost a Ray streaming item about 0.6 ms of CPU in the replica and 1 ms
-in the gateway (``bench.delivery`` 3b), more than a decode step of a small batch; the same item
-as a frame on a TCP connection costs about a tenth of that on each side. So each gateway may
+A Ray streaming item of a gateway's token outputs costs about 0.6 ms of CPU in the replica and
+1 ms in the gateway, more than a decode step of a small batch on a CPU; the same item as a frame
+on a TCP connection costs a seventh to a tenth of that on each side (``bench.delivery`` 3b puts
+the gateway's CPU per token at a quarter of the Ray stream's). So each gateway may
 read its outputs from a connection of its own to the replica (``replica.actor.output_wire``),
 the Ray stream staying as the fallback (``--no-output-socket``, or no connection).
 
