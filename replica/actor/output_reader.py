@@ -78,9 +78,9 @@ class _Reader(asyncio.Protocol):
     def _finish(self, kind: int, payload: bytes) -> None:
         if kind == wire.END:
             _settle(self.ended)
+            self.transport.close()
         else:
             self._fail(ReplicaStreamError(payload.decode(errors="replace") or f"frame {kind}"))
-        self.transport.close()
 
     def _fail(self, exc: BaseException) -> None:
         _settle(self.ended, exc)
@@ -113,7 +113,7 @@ async def read_socket_outputs(
             ),
             CONNECT_TIMEOUT_S,
         )
-        await asyncio.wait_for(asyncio.shield(reader.ready), CONNECT_TIMEOUT_S)
+        await asyncio.wait_for(reader.ready, CONNECT_TIMEOUT_S)  # cancelled when it times out
     except OSError as exc:  # refused, timed out, or closed before READY
         if transport is not None:
             transport.close()
