@@ -2,26 +2,25 @@
 (``replica.actor.output_server``, format in ``replica.actor.output_wire``).
 
 The connection counts as taken once the replica's ``READY`` came (before that, any failure is
-``SocketNotTaken``). Frames are handed out as they
-arrive, in the event loop's read callback: each item's entries go
-to ``on_entries`` with no task, future or coroutine per item. The read returns when the replica
+``SocketNotTaken``). Frames are handed out as they arrive, in the event loop's read callback:
+each item's entries go to ``on_entries`` with no task, future or coroutine per item. The read
+returns when the replica
 ends the stream (``END``: it shuts down) and raises when it cannot go on: ``ReplicaStreamError``
 with the replica's reason when its engine died (``FAILED``), or when the connection closed
-without a word (its process is gone). TCP keepalive finds a replica whose host vanished.
+without a word (its process is gone). TCP keepalive finds a replica whose host vanished
+(``output_wire.tune``, both ends' socket options).
 """
 
 from __future__ import annotations
 
 import asyncio
 import pickle
-import socket
 from collections.abc import Callable
 
 from replica.actor import output_wire as wire
 from replica.api import DeliveryEntry, OutputAddress
 
 CONNECT_TIMEOUT_S = 5.0
-KEEPALIVE = {"TCP_KEEPIDLE": 10, "TCP_KEEPINTVL": 5, "TCP_KEEPCNT": 3}
 
 
 class ReplicaStreamError(ConnectionError):
@@ -44,7 +43,9 @@ class _Reader(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        _keepalive(transport.get_extra_info("socket"))
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            wire.tune(sock)
         self.transport.write(self.greeting)
 
     def data_received(self, data: bytes) -> None:
@@ -122,13 +123,3 @@ async def read_socket_outputs(
         await reader.ended
     finally:
         transport.close()
-
-
-def _keepalive(sock: socket.socket | None) -> None:
-    if sock is None:
-        return
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for name, value in KEEPALIVE.items():
-        if hasattr(socket, name):
-            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)

@@ -35,7 +35,6 @@ log = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = 5.0
 MAX_CONNECTIONS = 256
-USER_TIMEOUT_MS = 30_000  # unacknowledged data this long: the gateway's host is gone
 
 
 class OutputServer:
@@ -76,7 +75,7 @@ class OutputServer:
             with conn:
                 gateway_id = self._hello(conn)
                 if gateway_id is not None:
-                    _tune(conn)
+                    wire.tune(conn)
                     self._send(conn, gateway_id)
         finally:
             with self._lock:
@@ -122,13 +121,6 @@ def _read(conn: socket.socket, size: int) -> bytes:
             raise ConnectionError("closed during the hello")
         data += chunk
     return bytes(data)
-
-
-def _tune(conn: socket.socket) -> None:
-    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a step's tokens go out now
-    conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    if hasattr(socket, "TCP_USER_TIMEOUT"):
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, USER_TIMEOUT_MS)
 
 
 def _send_quietly(conn: socket.socket, frame: bytes) -> None:
