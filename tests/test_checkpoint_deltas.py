@@ -2,7 +2,9 @@
 state) each one is a delta, the recurrent state and only the KV positions written since the one
 before. Folded onto its base, a chain of deltas is byte for byte the whole state a plain export
 takes at the same moment (resident or parked, page sizes 1 and 16), and a session restored from
-it continues exactly as one that never moved. A delta alone is never imported.
+it continues exactly as one that never moved. A delta alone is never imported. The sessions a
+step leaves to checkpoint are exported in one copy and split: each record is byte for byte that
+session's own export, and holds no other session's bytes.
 """
 
 from __future__ import annotations
@@ -108,3 +110,37 @@ def test_a_delta_alone_is_refused_and_a_broken_chain_is_never_folded(peer):
         fold([first, second])  # no whole state to fold onto
     for engine in (source, target):
         close_and_check(engine)
+
+
+def test_one_take_of_many_sessions_is_each_sessions_own_export(peer):
+    _, path = peer
+    pool = PoolConfig(
+        max_sessions=4, kv_tokens=2048, max_context=512, page_size=16, max_parked_sessions=4
+    )
+    source = make_checkpoint_engine(path, pool, session_checkpoints=True)
+    source.checkpoints.enabled = True
+    sids = ["a", "b", "c", "d"]
+    for sid in sids:
+        source.open_session(sid)
+    sent: dict[str, int] = {}
+    for turn in range(3):
+        for i, sid in enumerate(sids):
+            run_turn(source, sid, token_ids(5 + 7 * i + turn, 10 * turn + i), greedy(3))
+        if turn == 1:  # wholes of resident sessions, then deltas from both tiers
+            source.sessions.residency.park([source.sessions.get("b"), source.sessions.get("d")])
+        want = {
+            sid: source.transfer.export(
+                [source.sessions.get(sid)], kv_from={sid: sent[sid]} if sid in sent else None
+            )
+            for sid in sids
+        }
+        saved = source.session_ops.take_checkpoints().saved
+        assert sorted(r.sessions[0].session_id for r in saved) == sids
+        for record in saved:
+            (meta,) = record.sessions
+            assert record.sessions == want[meta.session_id].sessions
+            assert meta.kv_from == sent.get(meta.session_id, 0)
+            for got, own in zip(arrays(record), arrays(want[meta.session_id])):
+                assert np.array_equal(got, own) and got.flags.owndata
+        sent = {sid: source.sessions.get(sid).committed_len for sid in sids}
+    close_and_check(source)

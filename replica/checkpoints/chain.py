@@ -8,6 +8,8 @@ its committed length never changes (a turn only appends; one that fails is trunc
 the base's KV followed by each delta's is the session's KV, and the last delta's recurrent state
 is its recurrent state. The store compacts a chain (``fold``) once it holds ``MAX_DELTAS``
 deltas, and always before a chain is imported: a replica imports only whole states.
+``per_session`` splits a record of several sessions into one record each: a replica exports a
+step's checkpoints in one batched copy, and a store keeps each session's apart.
 
 Torch-free (numpy only): the store's process never loads torch.
 """
@@ -99,3 +101,25 @@ def fold(records: list[SessionStates]) -> SessionStates:
         k=np.concatenate([r.k for r in records], axis=1),
         v=np.concatenate([r.v for r in records], axis=1),
     )
+
+
+def per_session(record: SessionStates) -> list[SessionStates]:
+    """One record for each session of ``record``, in its order, each with arrays of its own (a
+    session's checkpoint keeps no other session's bytes alive)."""
+    if len(record.sessions) == 1:
+        return [record]
+    out, at = [], 0
+    for i, meta in enumerate(record.sessions):
+        end = at + meta.committed_len - meta.kv_from
+        out.append(
+            replace(
+                record,
+                sessions=(meta,),
+                conv=record.conv[:, i : i + 1].copy(),
+                ssm=record.ssm[:, i : i + 1].copy(),
+                k=record.k[:, at:end].copy(),
+                v=record.v[:, at:end].copy(),
+            )
+        )
+        at = end
+    return out

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from replica.api import SessionStates
+from replica.checkpoints.chain import per_session
 
 if TYPE_CHECKING:  # the store reads this package and never needs torch
     from replica.sessions.record import SessionRecord
@@ -96,15 +97,16 @@ class CheckpointLog:
         self.changed(slots)
 
     def take(self, export: Callable[..., SessionStates]) -> CheckpointBatch:
-        """Export every changed idle session (``export(records, kv_from=...)``, one record
-        each: a delta when the store has its state before) and the releases since the last
-        ``take``; a session whose turn runs again waits for that turn's end."""
+        """Export every changed idle session (``export(records, kv_from=...)``, all in one
+        copy, then one record each: a delta when the store has its state before) and the
+        releases since the last ``take``; a session whose turn runs again waits for that
+        turn's end."""
         unsaved = []
         if not self.enabled:
             unsaved = [sid for sid, slot in self._changed.items() if slot.committed_len > 0]
             self._changed.clear()
         ready = [s for s in self._changed.values() if s.turn is None]
-        saved, blank, unheld = [], [], []
+        held, kv_from, blank, unheld = [], {}, [], []
         for slot in ready:
             sid = slot.session_id
             del self._changed[sid]
@@ -113,11 +115,13 @@ class CheckpointLog:
                 blank.append((sid, slot.tenant, slot.idle_timeout_s))
                 continue
             before = self._sent.get(sid, 0)
-            kv_from = {sid: before} if 0 < before <= slot.committed_len else None
-            saved.append(export([slot], kv_from=kv_from))
+            if 0 < before <= slot.committed_len:
+                kv_from[sid] = before
+            held.append(slot)
             self._sent[sid] = slot.committed_len
             if slot.names_state:
                 unheld.append(sid)
+        saved = per_session(export(held, kv_from=kv_from)) if held else []
         batch = CheckpointBatch(saved, self._dropped, self._released, unsaved, blank, unheld)
         self._dropped, self._released = [], []
         return batch
