@@ -12,8 +12,9 @@
    one, so messages grow with the backlog. Goal: more than 1 at 10 ms, and growing with it.
 3. direct-actor tokens/s / the in-process engine's, at 8 and 64 sessions (64 tokens a turn).
    Goal >= 0.8. With it (``bench.harness.actor_floor``), the same rounds on the replica read over
-   its Ray stream instead of its output socket, on a replica without session checkpoints, and on
-   a bare engine actor streaming an item a step over Ray; each path's CPU per token.
+   its Ray stream instead of its output socket, on a replica outside the cluster with its own
+   checkpoint store, on one without session checkpoints, and on a bare engine actor streaming an
+   item a step over Ray; each path's CPU per token.
 4. gRPC lifecycles/s / direct-actor lifecycles/s at concurrency 64 (open, a turn of 8 tokens,
    close). Goal >= 0.8.
 5. two gateways vs one: tokens/s to 128 streams from two client processes (64 each), both on
@@ -48,7 +49,7 @@ from bench.harness.relay_server import RelayServer
 from bench.harness.report import Goal, Table
 from bench.harness.stats import Spread, ratios
 from bench.harness.streams import StreamRounds, run_stream_rounds
-from replica.actor import remote_replica_actor
+from replica.actor import CheckpointStore, remote_replica_actor
 
 STREAMS = 64
 READ_EVERY_MS = (0, 10, 30)
@@ -77,21 +78,16 @@ async def measure(cluster: LocalCluster, args: argparse.Namespace) -> list[Goal]
     client = grpc_driver.client
     cpu = CpuMeter({client.pid: "client"})
     direct = DirectDriver(cluster.handles[:1])
-    unchecked_replica = (
-        remote_replica_actor()
-        .options(num_cpus=0, max_concurrency=10_000)
-        .remote(
-            "bench-no-checkpoints",
-            dataclasses.replace(cluster.replica_config, session_checkpoints=False),
-        )
-    )
+    standalone, store = await standalone_replica(cluster, "bench-standalone", True)
+    unchecked_replica, _ = await standalone_replica(cluster, "bench-no-checkpoints", False)
     drivers = {
         "actor": direct,
         "over Ray": DirectDriver(cluster.handles[:1], use_socket=False),
+        "standalone": DirectDriver([standalone]),
         "no checkpoints": DirectDriver([unchecked_replica]),
     }
-    await drivers["no checkpoints"].token_rounds(max(ACTOR_SESSIONS), 8, 1)  # warm it, as
-    # section 1 warms the first replica
+    for path in ("standalone", "no checkpoints"):  # warm them, as section 1 warms the first
+        await drivers[path].token_rounds(max(ACTOR_SESSIONS), 8, 1)
     inproc = InProcessDriver(build_engine(cluster.replica_config))
     second = GatewayProcess(cluster.config.namespace).start()
     clients = [await ClientProcess.start(cluster.server.grpc_address) for _ in range(2)]
@@ -119,11 +115,28 @@ async def measure(cluster: LocalCluster, args: argparse.Namespace) -> list[Goal]
         ray.kill(bare)
         for driver in drivers.values():
             driver.stop()
-        ray.kill(unchecked_replica)
+        for actor in (standalone, store, unchecked_replica):
+            ray.kill(actor)
         for c in (*clients, client_b):
             c.stop()
         second.stop()
     return report(figures, floor)
+
+
+async def standalone_replica(
+    cluster: LocalCluster, name: str, checkpoints: bool
+) -> tuple[ray.actor.ActorHandle, ray.actor.ActorHandle | None]:
+    """A replica outside the cluster (no router, gateway or controller) with the cluster's
+    settings, and with ``checkpoints`` the checkpoint store that follows it."""
+    config = dataclasses.replace(cluster.replica_config, session_checkpoints=checkpoints)
+    options = {"num_cpus": 0, "max_concurrency": 10_000}
+    replica = remote_replica_actor().options(**options).remote(name, config)
+    if not checkpoints:
+        return replica, None
+    node = (await replica.describe.remote()).node_id
+    store = ray.remote(CheckpointStore).options(num_cpus=0).remote(name)
+    await store.follow.remote(replica, node)
+    return replica, store
 
 
 async def cpu_per_token(
@@ -216,7 +229,8 @@ def report(figures: dict[str, list[float]], floor: ActorFloor) -> list[Goal]:
         *(
             Goal(
                 f"direct actor / in-process tokens/s, {n} sessions (over Ray "
-                f"{floor.ratio('over Ray', n).median:.2f}, without checkpoints "
+                f"{floor.ratio('over Ray', n).median:.2f}, a replica outside the cluster "
+                f"{floor.ratio('standalone', n).median:.2f}, without checkpoints "
                 f"{floor.ratio('no checkpoints', n).median:.2f}, a bare engine actor over Ray "
                 f"{floor.ratio('bare actor', n).median:.2f})",
                 floor.ratio("actor", n),

@@ -217,10 +217,11 @@ class ReplicaConfig:
     )
     output_socket: bool = setting(
         True,
-        "each gateway reads its token outputs from a TCP connection of its own to the replica "
-        "(the node's address, a port the system picks, a per-replica secret handed out through "
-        "Ray; a gateway's CPU per token a quarter of the Ray stream's); off: Ray's streaming "
-        "call only, e.g. where all traffic between pods must be Ray's (TLS)",
+        "each gateway reads its token outputs, and the checkpoint store its checkpoints, from a "
+        "TCP connection of its own to the replica (the node's address, a port the system picks, "
+        "a secret handed out through Ray; a gateway's CPU per token a quarter of the Ray "
+        "stream's); off: Ray's streaming calls only, e.g. where all traffic between pods must "
+        "be Ray's (TLS)",
     )
     cuda_graphs: bool = setting(
         True,

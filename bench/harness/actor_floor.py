@@ -4,7 +4,9 @@ side by side on
 - the direct actor: the replica, its outputs read from its output socket, as a gateway does;
 - the same replica read over its Ray stream (the gateway's fallback, and the replica's only
   stream before the socket);
-- a replica without session checkpoints (a turn's end waits for its checkpoint otherwise): what
+- a replica outside the cluster (no router to report to, no gateway or controller calling it)
+  with its own checkpoint store: what of the replica's work is the cluster's;
+- the same without session checkpoints (a turn's end waits for its checkpoint otherwise): what
   of the replica's own work is its checkpoints;
 - the engine in-process (the yardstick);
 - a bare engine actor (``bench.harness.bare_engine_actor``: the engine streaming an item a step
@@ -30,7 +32,8 @@ from bench.harness.stats import Spread, ratios
 from bench.harness.stream_item_floor import process_cpu_s
 from bench.harness.workload import TokenRounds
 
-ACTOR_PATHS = ("actor", "over Ray", "no checkpoints")  # the DirectDriver paths, in run order
+# the DirectDriver paths, in run order
+ACTOR_PATHS = ("actor", "over Ray", "standalone", "no checkpoints")
 
 
 class ActorFloor:
@@ -107,8 +110,9 @@ class ActorFloor:
         table.print()
         print(
             "actor: the replica, its outputs read from its output socket (as a gateway reads "
-            "them); over Ray: the same replica, read from its Ray stream; no checkpoints: a "
-            "replica without session checkpoints, read from its socket; bare actor: the engine "
+            "them); over Ray: the same replica, read from its Ray stream; standalone: a replica "
+            "outside the cluster with its own checkpoint store; no checkpoints: the same without "
+            "session checkpoints; both read from their sockets; bare actor: the engine "
             "streaming an item a step over Ray, nothing else"
         )
         print("\n3b. CPU us per token: the replica's processes / the reader (this process)")

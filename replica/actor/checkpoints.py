@@ -4,11 +4,13 @@ With ``--session-checkpoints`` it owns the replica's ``CheckpointOutbox``, built
 dispatch the engine's events go on to (turn endings wait there for their checkpoints), and
 connects it to the engine's checkpoint accounting.
 
-- ``stream(store, confirm_on_ack)``: the long-lived streaming call through which this
-  replica's ``CheckpointStore`` (``store``, remembered for re-registration with a restarted
-  router) pulls its checkpoints; the store owns every item, and has it when the next can go.
-  A new store's call replaces the one before, and every session the replica holds is
-  checkpointed again at once (``recheckpointed_total``).
+- ``open_socket(store, confirm_on_ack)``: where this replica's ``CheckpointStore`` (``store``,
+  remembered for re-registration with a restarted router) reads its checkpoints from a socket
+  (``CheckpointSocket``; None: no socket host, it reads ``stream``).
+- ``stream(store, confirm_on_ack)``: the long-lived stream of those checkpoints, over that
+  socket or as Ray's streaming call; the store has an item when the next can go. A new store's
+  stream replaces the one before, and every session the replica holds is checkpointed again
+  at once (``recheckpointed_total``).
 - ``acked(seq, held, held_bytes)``: the store's counts after every entry up to ``seq``.
 
 The store's watch (``start``), on the actor's event loop: every ``WATCH_INTERVAL_S`` it releases
@@ -22,6 +24,7 @@ one, or has a live one whose stream ended follow again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -29,8 +32,10 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from replica.actor.checkpoint_socket import CheckpointSocket
 from replica.actor.engine_host import EngineHost
 from replica.actor.tasks import BackgroundTasks
+from replica.api import OutputAddress
 from replica.checkpoints.entries import CheckpointEntry
 from replica.checkpoints.log import CheckpointBatch
 from replica.checkpoints.outbox import CheckpointOutbox
@@ -60,10 +65,12 @@ class CheckpointCalls:
         dispatch: Callable[[list[StepOutputs]], None],
         enabled: bool,
         faults: CallFaults,
+        socket_host: str | None = None,
     ) -> None:
         """``dispatch``: where the engine's events go on to; ``enabled``: checkpoints are on
         (else every call here is a no-op, and events go straight on); ``faults``: the replica's
-        (``checkpoint_ack_fails``)."""
+        (``checkpoint_ack_fails``); ``socket_host``: where a store's socket listens (None: the
+        store reads the Ray stream)."""
         self.engine = engine
         self.host = host
         self.tasks = tasks
@@ -71,6 +78,9 @@ class CheckpointCalls:
         self.call_faults = faults
         self.store: Any = None  # the handle of the store that follows (or followed) last
         self.outbox: CheckpointOutbox | None = None
+        self.socket: CheckpointSocket | None = None
+        if enabled and socket_host:
+            self.socket = CheckpointSocket(socket_host, tasks)
         if enabled:
             self.outbox = CheckpointOutbox(
                 dispatch, engine.config.pools.max_open_sessions, self._connected
@@ -101,6 +111,8 @@ class CheckpointCalls:
 
     def close(self) -> None:
         """The engine died: end the store's stream (it keeps what it has)."""
+        if self.socket is not None:
+            self.socket.close()
         if self.outbox is not None:
             self.outbox.close()
 
@@ -109,6 +121,11 @@ class CheckpointCalls:
         if self.outbox is not None:
             await self.outbox.durable(session_ids)
 
+    def open_socket(self, store: Any, confirm_on_ack: bool) -> OutputAddress | None:
+        if self.socket is None or self.outbox is None:
+            return None
+        return self.socket.open(lambda: self.stream(store, confirm_on_ack))
+
     async def stream(
         self, store: Any, confirm_on_ack: bool
     ) -> AsyncIterator[list[CheckpointEntry]]:
@@ -116,8 +133,10 @@ class CheckpointCalls:
         if self.outbox is None:
             return
         self.store = store
-        async for item in self.outbox.stream(confirm_on_ack):
-            yield item
+        # closed with this stream, not when collected: its end tells the outbox the store left
+        async with contextlib.aclosing(self.outbox.stream(confirm_on_ack)) as items:
+            async for item in items:
+                yield item
 
     def acked(self, seq: int, held: int, held_bytes: int) -> None:
         self.call_faults.raise_if("checkpoint_ack_fails", "checkpoints_acked")

@@ -8,7 +8,8 @@ handle: it is cheap to make, and travels across Ray inside a ``Route``.
 
 A gateway reads its outputs with ``read_outputs``: over the replica's output socket
 (``replica.actor.output_server``) when it has one and a connection is made, else from the Ray
-stream. Two calls are not plain coroutines, because their callers need the object references:
+stream; a checkpoint store reads its checkpoints with ``checkpoint_items``, over a socket the
+same way. Two calls are not plain coroutines, because their callers need the object references:
 the streaming calls (``stream_outputs``, ``checkpoint_stream``) answer their items' references,
 whose items the caller owns (``checkpoint_stream``'s each read so that a read Ray leaves asleep
 costs at most a recheck: ``replica.actor.stream_reads``); ``export_sessions`` answers the
@@ -50,6 +51,8 @@ from replica.api import (
     SessionStates,
     TurnArgs,
 )
+from replica.checkpoints.entries import CheckpointEntry
+from replica.checkpoints.socket_reader import CheckpointSocketReader
 
 log = logging.getLogger(__name__)
 
@@ -230,6 +233,26 @@ class ReplicaClient:
 
     # ----- checkpoints --------------------------------------------------------------------
 
+    async def checkpoint_socket(self, *, store: Any, confirm_on_ack: bool) -> OutputAddress | None:
+        """Where the store ``store`` (its handle) reads the replica's checkpoints from a socket
+        of its own, for one connection (None: the replica has no socket host)."""
+        return await self.handle.checkpoint_socket.remote(store, confirm_on_ack)
+
+    async def checkpoint_items(
+        self, *, store: Any, confirm_on_ack: bool
+    ) -> tuple[AsyncIterator[list[CheckpointEntry]], bool]:
+        """The checkpoint items the store ``store`` follows, and whether they come over the
+        replica's checkpoint socket (each read into the caller's memory) rather than the Ray
+        stream (each an object the caller owns, in the replica's node's object store): the
+        socket when the replica has one and it connects."""
+        address = await self.checkpoint_socket(store=store, confirm_on_ack=confirm_on_ack)
+        if address is not None:
+            try:
+                return (await CheckpointSocketReader.connect(address)).items(), True
+            except SocketNotTaken as exc:
+                log.warning("no checkpoint socket (%s): reading the Ray stream", exc)
+        return _entries(self.checkpoint_stream(store=store, confirm_on_ack=confirm_on_ack)), False
+
     def checkpoint_stream(self, *, store: Any, confirm_on_ack: bool) -> AsyncIterator[ObjectRef]:
         """The long-lived stream the checkpoint store ``store`` (its handle) pulls from, with a
         backpressure of one item: the replica learns that the store has an item when its next
@@ -239,3 +262,8 @@ class ReplicaClient:
 
     async def checkpoints_acked(self, *, seq: int, held: int, held_bytes: int) -> None:
         await self.handle.checkpoints_acked.remote(seq, held, held_bytes)
+
+
+async def _entries(stream: AsyncIterator[ObjectRef]) -> AsyncIterator[list[CheckpointEntry]]:
+    async for ref in stream:
+        yield await ref

@@ -96,6 +96,7 @@ class ReplicaActor:
             self.outputs.dispatch,
             config.session_checkpoints,
             faults,
+            socket_host,
         )
         self.status = ReplicaStatus(
             replica_id, config, self.engine, self.host, model.chat_prompts, self.outputs
@@ -264,6 +265,9 @@ class ReplicaActor:
         self, parts: list, hold_s: float = 0.0, router: str | None = None
     ) -> Imported | ActorError:
         return await self.moves.import_sessions(parts, hold_s, router)
+
+    async def checkpoint_socket(self, store: Any, confirm_on_ack: bool) -> OutputAddress | None:
+        return self.checkpoints.open_socket(store, confirm_on_ack)
 
     async def checkpoint_stream(self, store: Any, confirm_on_ack: bool):
         async for item in self.checkpoints.stream(store, confirm_on_ack):

@@ -1,15 +1,16 @@
 """``CheckpointOutbox``: a replica's checkpoints on their way to its ``CheckpointStore``, and the
 turn endings that wait for them.
 
-The store pulls: it holds one long-lived streaming call, ``ReplicaActor.checkpoint_stream``,
-whose items are lists of this outbox's entries (``replica.checkpoints.entries``), in order,
-numbered from 1. Each item is an object the *store* owns (Ray makes the caller of a
-streaming call the owner of its items), so it outlives this replica's process. The call runs
-with a backpressure of one item: an item's ``yield`` returns once the store has taken it, which
-is when its entries count as stored (no message of their own); the store's acknowledgements
-(``acked``, by entry number, at most every ``ACK_INTERVAL_S``) carry its counts for the
-accounting. A store that writes checkpoints to disk first (``--checkpoint-dir``) confirms each
-item by acknowledgement instead.
+The store pulls ``stream``: its items are lists of this outbox's entries
+(``replica.checkpoints.entries``), in order, numbered from 1, read by the store from a socket
+of its own (``replica.actor.checkpoint_socket``: into the store's memory) or as Ray's
+streaming call ``ReplicaActor.checkpoint_stream`` (each an object the *store* owns: Ray makes
+the caller of a streaming call the owner of its items); either way they outlive this replica's
+process. Either runs with a backpressure of one item: an item's ``yield`` returns once the
+store has taken it, which is when its entries count as stored (no message of their own); the
+store's acknowledgements (``acked``, by entry number, at most every ``ACK_INTERVAL_S``) carry
+its counts for the accounting. A store that writes checkpoints to disk first
+(``--checkpoint-dir``) confirms each item by acknowledgement instead.
 
 A turn's last event is held back until the checkpoint of that turn's end is stored (``outputs``,
 a ``HeldOutputs``, bounded by ``TurnHolds.hold_s``), so a client that saw a turn end finds its
@@ -17,9 +18,10 @@ session at that turn's committed tokens after a failover (but for a chat turn, w
 state it continues: ``unheld`` in the batch).
 
 One store follows at a time: a store that calls ``stream`` replaces the one before (whose stream
-ends) and starts over from nothing. A store that is gone never ends its stream itself (Ray keeps
-a streaming call running after its caller's death; one waiting on a dead store's backpressure
-stays suspended, holding only its last item), so ``disconnect`` ends it: the replica's
+ends) and starts over from nothing. A store that is gone may never end its stream itself (Ray
+keeps a streaming call running after its caller's death, and a socket learns of it only at its
+next item; one waiting on a dead store's backpressure stays suspended, holding only its last
+item), so ``disconnect`` ends it: the replica's
 watch calls it when the store died or acknowledged nothing for ``stall_s`` (a hung store's
 stream is ended only once it answers again, ``end_abandoned``). Without a connected
 store nothing is queued or held, and every open session is *unprotected*; ``protected`` names

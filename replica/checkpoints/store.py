@@ -2,14 +2,16 @@
 replica's death.
 
 The controller starts one per replica, on another node than the replica's when the cluster
-has one, and tells it to ``follow`` the replica: the store then pulls the replica's checkpoints
-through one long-lived streaming call (``ReplicaActor.checkpoint_stream``), each item a list of
-entries (``CheckpointOutbox``). Ray makes the caller of a streaming call the owner of its items,
-so each is the *store's*: the replica's process can die and the item stays readable. The call
-has a backpressure of one item, so the replica knows the store has an item when it may send the
-next: that is when the replica counts its checkpoints stored (no acknowledgement waits for it).
-On the replica's own node the store keeps the records it read; on another node it copies each
-once into an object of its own, on its node, so that the replica's node can die too. It keeps
+has one, and tells it to ``follow`` the replica: the store then pulls the replica's checkpoints,
+each item a list of entries (``CheckpointOutbox``), from a socket of its own to the replica
+(``ReplicaClient.checkpoint_items``: each item read into the store's memory, on its node), or
+where the replica has none, through one long-lived streaming call (``ReplicaActor.
+checkpoint_stream``): Ray makes the caller of a streaming call the owner of its items, so each
+is the *store's*, and the replica's process can die with the item still readable; on another
+node than the replica's the store copies each once into an object of its own, on its node, so
+that the replica's node can die too. Either way one item is in flight at a time, and the
+replica knows the store has an item when it may send the next: that is when the replica counts
+its checkpoints stored (no acknowledgement waits for it). It keeps
 the latest checkpoint of each session (its ``CheckpointChain``: a whole state, then the deltas
 of the turns after it, folded into one whole state every ``MAX_DELTAS`` deltas, in a thread)
 until the replica says the session was released (``CheckpointDrop``), and the sessions that hold
@@ -70,6 +72,7 @@ class CheckpointStore:
         self._folding: set[asyncio.Task] = set()
         self.items = 0
         self.acked = 0
+        self.over_socket = False  # whether the stream now followed is the replica's socket
         self._ended: asyncio.Event | None = None
         self._acking: asyncio.Task | None = None
         self._pull: asyncio.Task | None = None
@@ -98,9 +101,12 @@ class CheckpointStore:
         self.items = self.acked = 0
         confirm = self.files is not None  # on the volume before the replica counts it stored
         try:
-            stream = ReplicaClient(replica).checkpoint_stream(store=me, confirm_on_ack=confirm)
-            async for ref in stream:
-                entries = await ref
+            client = ReplicaClient(replica)
+            stream, self.over_socket = await client.checkpoint_items(
+                store=me, confirm_on_ack=confirm
+            )
+            copy_here = copy_here and not self.over_socket  # a socket's are read into here
+            async for entries in stream:
                 for item in entries:
                     self._seq = seq = max(self._seq + 1, time.time_ns())
                     if isinstance(item, CheckpointDrop):
