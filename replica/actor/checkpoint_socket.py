@@ -50,8 +50,7 @@ class CheckpointSocket:
     def open(self, items: Items) -> OutputAddress:
         """Listen for one store's connection, which then reads ``items()``."""
         self.close()
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        listener = socket.create_server((self.host, 0), family=family, backlog=4)
+        listener = output_wire.listen(self.host, backlog=4)
         listener.setblocking(False)
         token = secrets.token_bytes(wire.TOKEN_BYTES)
         accept = self._accepting = self.tasks.spawn(_accept(listener, token))

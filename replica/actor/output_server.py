@@ -44,8 +44,7 @@ class OutputServer:
         """``stream(gateway_id)``: that gateway's items, a generator run on the connection's
         thread (closed when the gateway is gone)."""
         self._stream = stream
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET  # Ray's node address
-        self._listener = socket.create_server((host, 0), family=family, backlog=64)
+        self._listener = wire.listen(host, backlog=64)
         port = self._listener.getsockname()[1]
         self.address = OutputAddress(host, port, secrets.token_bytes(wire.TOKEN_BYTES))
         self._lock = threading.Lock()

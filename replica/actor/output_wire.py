@@ -41,6 +41,13 @@ def tune(sock: socket.socket) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
+def listen(host: str, backlog: int) -> socket.socket:
+    """A listening socket on ``host`` (Ray's node address, IPv4 or IPv6), a port the system
+    picks: the replica's end of its sockets."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, 0), family=family, backlog=backlog)
+
+
 def hello(token: bytes, gateway_id: str) -> bytes:
     name = gateway_id.encode()
     if len(name) > MAX_GATEWAY_ID:
