@@ -9,6 +9,7 @@ The threads are handed out one per stream and given back at its end (``StreamThr
 from __future__ import annotations
 
 import asyncio
+import collections
 import threading
 import time
 
@@ -40,6 +41,42 @@ def test_a_stream_on_a_thread_wakes_with_what_the_loop_dispatched():
     assert item == [(["s0", "s1", "s0"], [1, 1, 1], [5, 6, 7], ["x", "x", "x"])]
     assert at - sent_at < HEARTBEAT_S / 2  # woken, not found at its heartbeat
     stream.close()
+
+
+def test_a_waiting_stream_sleeps_through_other_gateways_outputs(monkeypatch):
+    """Each outbox's stream waits on a condition of its own: what is dispatched to one gateway
+    wakes that gateway's stream only, not every idle one (a replica holds a stream for each
+    gateway that ever used it)."""
+    waits: collections.Counter[str] = collections.Counter()
+    real_wait = threading.Condition.wait
+
+    def counting_wait(self, timeout=None):
+        waits[threading.current_thread().name] += 1
+        return real_wait(self, timeout)
+
+    monkeypatch.setattr(threading.Condition, "wait", counting_wait)
+    outputs = GatewayOutputs()
+    idle = outputs.stream("idle")
+    got: list = []
+    reader = threading.Thread(target=lambda: got.append(next(idle)), name="idle-reader")
+    reader.start()
+    busy = outputs.stream("busy")
+    tokens: list[int] = []
+    busy_reader = threading.Thread(
+        target=lambda: [tokens.extend(next(busy)[0][2]) for _ in range(20)], name="busy-reader"
+    )
+    busy_reader.start()
+    time.sleep(0.1)  # both wait for an entry
+    for token in range(20):
+        outputs.dispatch([rows("busy", [token])])
+        time.sleep(0.005)  # the busy stream takes it and waits again
+    busy_reader.join(5)
+    reader.join(5)
+    assert tokens == list(range(20)) and waits["busy-reader"] >= 20  # woken for each
+    assert got == [[]]  # the idle one's heartbeat: nothing came for it
+    assert waits["idle-reader"] == 1  # and nothing woke it before
+    idle.close()
+    busy.close()
 
 
 def test_a_stream_on_the_loop_wakes_with_what_was_dispatched():

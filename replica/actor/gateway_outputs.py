@@ -57,7 +57,9 @@ class GatewayOutputs:
     def __init__(self, on_gone: Callable[[str], None] | None = None) -> None:
         """``on_gone(gateway_id)``: a gateway's stream ended (called where that stream ran)."""
         self.on_gone = on_gone
-        self._ready = threading.Condition()  # the lock of every outbox; thread streams wait on it
+        # every outbox's lock; a stream on a thread waits on its own outbox's condition over it,
+        # so a step's outputs wake their gateways' streams only, never every idle one
+        self._lock = threading.RLock()
         self._outboxes: dict[str, Outbox] = {}
         self._gone: LRUCache[str, bool] = LRUCache(MAX_GONE)
         self._closed = False
@@ -68,7 +70,7 @@ class GatewayOutputs:
         gateway that is gone, have no reader). A gateway that has not streamed yet gets an outbox
         now: it streams before its first turn's outputs matter, and they wait for it. Consumes
         the records."""
-        with self._ready:
+        with self._lock:
             for out in outputs:
                 self._dispatch(out)
 
@@ -97,7 +99,7 @@ class GatewayOutputs:
             return None
         outbox = self._outboxes.get(gateway)
         if outbox is None:
-            outbox = self._outboxes[gateway] = Outbox(self._ready)
+            outbox = self._outboxes[gateway] = Outbox(self._lock)
         return outbox
 
     def stream(self, gateway_id: str) -> Iterator[list[DeliveryEntry]]:
@@ -106,7 +108,7 @@ class GatewayOutputs:
         outbox = self._attach(gateway_id, None)
         try:
             while True:
-                with self._ready:
+                with self._lock:
                     if outbox.ended:
                         break
                     entries = outbox.take(HEARTBEAT_S)
@@ -124,7 +126,7 @@ class GatewayOutputs:
         outbox = self._attach(gateway_id, asyncio.get_running_loop())
         try:
             while True:
-                with self._ready:
+                with self._lock:
                     if outbox.ended:
                         break
                     later = outbox.take_later()
@@ -141,19 +143,19 @@ class GatewayOutputs:
     def _attach(self, gateway_id: str, loop: asyncio.AbstractEventLoop | None) -> Outbox:
         """A stream of ``gateway_id`` begins: its outbox, with the entries waiting for it (an
         older stream's end, which leaves them)."""
-        with self._ready:
+        with self._lock:
             self._gone.pop(gateway_id, None)
             older = self._outboxes.get(gateway_id)
             if older is not None:
                 older.close(superseded=True)
-            outbox = self._outboxes[gateway_id] = Outbox(self._ready, older, loop)
+            outbox = self._outboxes[gateway_id] = Outbox(self._lock, older, loop)
             if self._closed:
                 outbox.close()
             return outbox
 
     def _detach(self, gateway_id: str, outbox: Outbox) -> None:
         """A stream of ``gateway_id`` ended: unless a newer one took over, the gateway is gone."""
-        with self._ready:
+        with self._lock:
             ours = self._outboxes.get(gateway_id) is outbox
             if ours:
                 del self._outboxes[gateway_id]
@@ -163,7 +165,7 @@ class GatewayOutputs:
 
     def close(self) -> None:
         """The replica shuts down: every stream ends (its gateway's pump ends quietly)."""
-        with self._ready:
+        with self._lock:
             self._closed = True
             for outbox in self._outboxes.values():
                 outbox.close()
@@ -171,7 +173,7 @@ class GatewayOutputs:
     def fail(self, why: str) -> None:
         """The engine died: every stream, now and later, ends with ``ReplicaFailedError(why)``
         once it has handed out what the engine produced before."""
-        with self._ready:
+        with self._lock:
             self._failed = why
         self.close()
 
