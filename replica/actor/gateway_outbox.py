@@ -3,10 +3,10 @@
 Consecutive token rows are merged into one entry (the order is kept), so a stream that lags
 takes fewer, larger items. The outbox is used under its ``GatewayOutputs``' lock; a stream on a
 thread waits on ``ready``, a condition of this outbox's own over that lock (one shared by every
-outbox woke every idle gateway's thread at each step: up to 8 % of a replica's rate with two
-idle gateways), a stream on the event loop on a future the outbox completes through the loop.
-``close`` ends the stream once it has taken what is here; ``close(superseded=True)`` ends it at
-once, leaving the entries to a newer stream of the same gateway.
+outbox woke every idle gateway's thread at each step: 8 % of a replica's rate in a probe with
+serve's gateway idle), a stream on the event loop on a future the outbox completes through the
+loop. ``close`` ends the stream once it has taken what is here; ``close(superseded=True)`` ends
+it at once, leaving the entries to a newer stream of the same gateway.
 """
 
 from __future__ import annotations
