@@ -1,4 +1,4 @@
-"""``read_checkpoint_socket``: a checkpoint store's end of its socket to the replica
+"""``CheckpointSocketReader``: a checkpoint store's end of its socket to the replica
 (``replica.actor.checkpoint_socket``; format in ``replica.checkpoints.socket_wire``).
 
 ``connect`` presents the secret and waits for ``READY``: anything short of it is
