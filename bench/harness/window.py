@@ -3,8 +3,13 @@
 Workers start one after another and the first lifecycles run on cold paths, so the window opens
 ``warmup`` seconds after every worker has finished its first lifecycle. It lasts ``seconds``, or
 two first-lifecycle latencies when those are longer (at most ``2 * seconds``), so that slow cells
-still count whole lifecycles. A lifecycle counts when it ends inside the window; the rate is the
-count over the window's length, which is a throughput in steady state.
+still count whole lifecycles. A lifecycle counts when it ends inside the window.
+
+The rate is Little's law for a closed loop: the workers over the mean lifecycle of the window.
+A count over the window's length is not: workers that run in lockstep (their calls batched
+together, their turns ending in the same step) end their lifecycles in waves, and a window
+holds a whole number of waves, so that count moved by a wave (a third of the rate at 3 waves a
+window) with where the window fell; the mean lifecycle does not.
 """
 
 from __future__ import annotations
@@ -22,11 +27,12 @@ GIVE_UP_S = 60.0  # a window that never opens (workers keep failing) opens after
 
 @dataclass
 class LifecycleSamples:
-    """The lifecycles that ended inside one window (or several, merged): their count, the
-    window's length, latencies in ms (whole and per phase), tokens per turn seen, errors."""
+    """The lifecycles that ended inside one window (or several, merged) of a closed loop of
+    ``concurrency`` workers: their count, latencies in ms (whole and per phase), tokens per turn
+    seen, errors."""
 
+    concurrency: int = 0
     count: int = 0
-    span_s: float = 0.0
     total_ms: list[float] = field(default_factory=list)
     open_ms: list[float] = field(default_factory=list)
     turn_ms: list[float] = field(default_factory=list)
@@ -36,8 +42,11 @@ class LifecycleSamples:
 
     @property
     def rate(self) -> float:
-        """Lifecycles per second."""
-        return self.count / self.span_s if self.span_s else 0.0
+        """Lifecycles per second: the workers over the mean lifecycle (Little's law; each worker
+        starts its next lifecycle as its last ends). Failed lifecycles are not in the mean: a
+        run with errors says so in its table."""
+        busy_s = sum(self.total_ms) / 1e3
+        return self.concurrency * self.count / busy_s if busy_s else 0.0
 
     @property
     def p50_ms(self) -> float:
@@ -58,11 +67,11 @@ class LifecycleSamples:
 
     @classmethod
     def merged(cls, parts: Sequence[LifecycleSamples]) -> LifecycleSamples:
-        """Several windows pooled: the rate over their summed length, percentiles over all."""
+        """Several windows of the same loop pooled: the rate and percentiles over all."""
         out = cls()
         for part in parts:
+            out.concurrency = part.concurrency
             out.count += part.count
-            out.span_s += part.span_s
             out.total_ms += part.total_ms
             out.open_ms += part.open_ms
             out.turn_ms += part.turn_ms
@@ -82,7 +91,7 @@ class Window:
         self.first_latencies: list[float] = []
         self.opens_at: float | None = None
         self.closes_at: float | None = None
-        self.samples = LifecycleSamples()
+        self.samples = LifecycleSamples(concurrency)
 
     def running(self) -> bool:
         now = time.perf_counter()
@@ -95,7 +104,6 @@ class Window:
         span = min(max(self.seconds, 2 * longest_first), 2 * self.seconds)
         self.opens_at = now + self.warmup
         self.closes_at = self.opens_at + span
-        self.samples.span_s = span
 
     def add(self, lifecycle: Lifecycle, first: bool) -> None:
         """A finished lifecycle; ``first`` when it is its worker's first."""
