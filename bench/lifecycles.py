@@ -18,7 +18,10 @@ process against a bare grpc.aio server of the same service in this process
 (``bench.harness.bare_server``: open and close answered at once, the turn's 8 chunks streamed
 one per 1 ms tick), at concurrency 64. On a box whose cores every process shares, the gateway
 path costs at least the direct path's work plus what gRPC costs the client and a server, so
-gateway / direct is at most bare / (bare + direct) in lifecycles/s. Goal (issue 13): gateway /
+gateway / direct is at most bare / (bare + direct) in lifecycles/s. And the gateway with its
+64 clients in lockstep (``run_lockstep_rounds``: rounds of lifecycles started together), which
+the direct driver's workers fall into by themselves and independent gRPC clients do not: what
+of the gap is their drift (smaller batches of calls and forwards). Goal (issue 13): gateway /
 direct lifecycles/s >= 0.8 at 64.
 
 Where the rest goes (``bench.harness.lifecycle_costs``), for the gateway and direct runs at 64:
@@ -73,6 +76,7 @@ async def measure(cluster: LocalCluster, args: argparse.Namespace) -> list[Goal]
     ping = cluster.handles[0].ping.remote
     runs: Runs = defaultdict(list)
     replicas = [ReplicaClient(handle) for handle in cluster.handles]
+    lockstep: list[float] = []  # the gateway's lifecycles/s with its clients in lockstep
 
     async def replica_steps() -> list[StepStats]:
         snaps = await asyncio.gather(*(replica.snapshot() for replica in replicas))
@@ -111,6 +115,7 @@ async def measure(cluster: LocalCluster, args: argparse.Namespace) -> list[Goal]
                     inproc.lifecycles(conc, seconds, warmup, NEW_TOKENS)
                 )
             runs[BARE, 64].append(await bare.lifecycles(64, seconds, warmup, NEW_TOKENS))
+            lockstep.append(await grpc.lockstep_rounds(64, seconds, NEW_TOKENS))
     finally:
         direct.stop()
         bare.stop()
@@ -130,6 +135,12 @@ async def measure(cluster: LocalCluster, args: argparse.Namespace) -> list[Goal]
         f"{Spread.of(bare_rates).format('.1f')} lifecycles/s; gateway / direct can be at most "
         f"bare / (bare + direct) = {Spread.of(ceiling).format('.2f')}"
     )
+    print(
+        f"the gateway with its {CONCURRENCY[-1]} clients in lockstep (rounds of lifecycles "
+        "started together, as the direct driver's workers run): "
+        f"{Spread.of(lockstep).format('.1f')} lifecycles/s, "
+        f"{ratios(lockstep, direct_rates).format()} of direct's"
+    )
     return [
         Goal(
             "gateway / direct lifecycles/s at concurrency 64",
@@ -137,6 +148,11 @@ async def measure(cluster: LocalCluster, args: argparse.Namespace) -> list[Goal]
             GOAL_GATEWAY_VS_DIRECT,
         ),
         Goal("floor: bare / (bare + direct) at 64", Spread.of(ceiling), GOAL_GATEWAY_VS_DIRECT),
+        Goal(
+            "gateway, clients in lockstep / direct at 64",
+            ratios(lockstep, direct_rates),
+            GOAL_GATEWAY_VS_DIRECT,
+        ),
     ]
 
 

@@ -53,6 +53,21 @@ async def run_lifecycles(
     return await closed_loop(lambda: _lifecycle(client, new_tokens), concurrency, seconds, warmup)
 
 
+async def run_lockstep_rounds(
+    client: AsyncSessionClient, concurrency: int, seconds: float, new_tokens: int
+) -> float:
+    """Rounds of ``concurrency`` lifecycles started together, the next once the last has ended
+    (the direct driver's workers fall into this by themselves: their calls batch together and
+    their turns end in one step): lifecycles/s over ``seconds`` of rounds, after one round that
+    warms up."""
+    await asyncio.gather(*(_lifecycle(client, new_tokens) for _ in range(concurrency)))
+    t0, done = time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds:
+        await asyncio.gather(*(_lifecycle(client, new_tokens) for _ in range(concurrency)))
+        done += concurrency
+    return done / (time.perf_counter() - t0)
+
+
 async def run_token_rounds(
     client: AsyncSessionClient, sessions: int, new_tokens: int, rounds: int
 ) -> TokenRounds:
@@ -128,6 +143,16 @@ class GrpcDriver:
                 concurrency=concurrency,
                 seconds=seconds,
                 warmup=warmup,
+                new_tokens=new_tokens,
+            )
+
+    async def lockstep_rounds(self, concurrency: int, seconds: float, new_tokens: int) -> float:
+        """``run_lockstep_rounds`` in the client process: lifecycles/s."""
+        with self.profile.during():
+            return await self.client.call(
+                run_lockstep_rounds,
+                concurrency=concurrency,
+                seconds=seconds,
                 new_tokens=new_tokens,
             )
 
