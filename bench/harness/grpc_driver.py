@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from bench.harness.client_process import ClientProcess
 from bench.harness.load import closed_loop
@@ -133,41 +135,40 @@ class GrpcDriver:
     def pid(self) -> int:
         return self.client.pid
 
+    async def _profiled(self, run: Callable[..., Awaitable[Any]], **kwargs: Any) -> Any:
+        """``run(client, **kwargs)`` in the client process, this process (the gateway) profiled
+        meanwhile."""
+        with self.profile.during():
+            return await self.client.call(run, **kwargs)
+
     async def lifecycles(
         self, concurrency: int, seconds: float, warmup: float, new_tokens: int
     ) -> LifecycleSamples:
         """A closed loop of lifecycles (``closed_loop``) in the client process."""
-        with self.profile.during():
-            return await self.client.call(
-                run_lifecycles,
-                concurrency=concurrency,
-                seconds=seconds,
-                warmup=warmup,
-                new_tokens=new_tokens,
-            )
+        return await self._profiled(
+            run_lifecycles,
+            concurrency=concurrency,
+            seconds=seconds,
+            warmup=warmup,
+            new_tokens=new_tokens,
+        )
 
     async def lockstep_rounds(self, concurrency: int, seconds: float, new_tokens: int) -> float:
         """``run_lockstep_rounds`` in the client process: lifecycles/s."""
-        with self.profile.during():
-            return await self.client.call(
-                run_lockstep_rounds,
-                concurrency=concurrency,
-                seconds=seconds,
-                new_tokens=new_tokens,
-            )
+        return await self._profiled(
+            run_lockstep_rounds, concurrency=concurrency, seconds=seconds, new_tokens=new_tokens
+        )
 
     async def token_rounds(self, sessions: int, new_tokens: int, rounds: int) -> TokenRounds:
         """``sessions`` sessions opened through the router, ``rounds`` turns on all at once."""
-        with self.profile.during():
-            return await self.client.call(
-                run_token_rounds, sessions=sessions, new_tokens=new_tokens, rounds=rounds
-            )
+        return await self._profiled(
+            run_token_rounds, sessions=sessions, new_tokens=new_tokens, rounds=rounds
+        )
 
     async def rpc_latencies(self, session_id: str, count: int) -> RpcLatencies:
         """``count`` GetSession calls on ``session_id`` and as many health checks, alternating,
         after a tenth more of each that warm up."""
-        with self.profile.during():
-            return await self.client.call(run_rpc_latencies, session_id=session_id, count=count)
+        return await self._profiled(run_rpc_latencies, session_id=session_id, count=count)
 
     async def open_session(self) -> tuple[str, str]:
         """Opens a session through the gateway: its id and the replica it is on."""
