@@ -8,13 +8,14 @@ clients), the replicas, their checkpoint stores, the router and the rest of Ray.
 off are of each repetition's pair: sessions/s, and CPU per session off ÷ on (what the rate would
 be on a box the demo keeps busy; other work on a shared box moves the rate more than this).
 
-The floor, measured in the same run: a replica sends each checkpoint to its store as one item of
-a long-lived Ray streaming call (backpressure of one item), so each costs at least the CPU of
-such an item in two processes (``bench.harness.stream_item_floor``: a bare producer and
-consumer actor, items of a checkpoint's shape at the rate the demo wrote them). With the
-checkpoints per session the run wrote (the replicas' ``checkpoints_written`` counters on the
-demo's /metrics), the best on ÷ off that one item per checkpoint allows is CPU off ÷ (CPU off +
-checkpoints per session x that item's CPU).
+The floor, measured in the same run: a replica sends each checkpoint to its store as one item
+over the store's checkpoint socket (the next once the store has taken it; a Ray stream when no
+socket can be had), so each costs at least the CPU of such an item in two processes
+(``bench.harness.stream_item_floor``: a bare producer and consumer actor over that socket, items
+of a checkpoint's shape at the rate the demo wrote them). With the checkpoints per session the
+run wrote (the replicas' ``checkpoints_written`` counters on the demo's /metrics), the best on ÷
+off that one item per checkpoint allows is CPU off ÷ (CPU off + checkpoints per session x that
+item's CPU).
 
 Before the pairs, one demo run that is not counted warms the box (the first process to import
 torch and start Ray on it pays for cold caches: 40 % slower in one run); the pairs alternate
@@ -41,7 +42,7 @@ from bench.harness import cli
 from bench.harness.cpu import CpuMeter
 from bench.harness.report import Goal, Table, print_goals
 from bench.harness.stats import Spread, ratios
-from bench.harness.stream_item_floor import ItemCost, stream_item_cost
+from bench.harness.stream_item_floor import ItemCost, SocketProducer, stream_item_cost
 
 GOAL = 0.9
 RATE = re.compile(r"= ([\d.]+) sessions/s")
@@ -117,11 +118,11 @@ def checkpoints_written(metrics_url: str) -> float:
 
 
 def item_floor(runs: list[DemoRun], replicas: int = 2) -> ItemCost:
-    """One stream item's CPU at the rate the runs wrote checkpoints per replica."""
+    """One checkpoint socket item's CPU at the rate the runs wrote checkpoints per replica."""
     rate = sum(r.checkpoints * r.rate for r in runs) / len(runs) / replicas
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        return asyncio.run(stream_item_cost(rate=max(rate, 1.0)))
+        return asyncio.run(stream_item_cost(rate=max(rate, 1.0), producer_class=SocketProducer))
     finally:
         ray.shutdown()
 
@@ -149,8 +150,9 @@ def main() -> None:
                       f"{run.checkpoints:.2f}", f"{run.cpu_total_ms:.1f}", *cpu)  # fmt: skip
     table.print()
     print(
-        f"\nfloor: one checkpoint-shaped stream item costs {floor.producer_ms:.2f} ms of CPU in "
-        f"the producer and {floor.consumer_ms:.2f} ms in the consumer ({floor.total_ms:.2f} ms)"
+        f"\nfloor: one checkpoint-shaped item over a checkpoint socket costs "
+        f"{floor.producer_ms:.2f} ms of CPU in the producer and {floor.consumer_ms:.2f} ms in the "
+        f"consumer ({floor.total_ms:.2f} ms)"
     )
     rate = ratios([r.rate for r in runs[True]], [r.rate for r in runs[False]])
     cpu = ratios([r.cpu_total_ms for r in runs[False]], [r.cpu_total_ms for r in runs[True]])
@@ -171,7 +173,7 @@ def main() -> None:
             Goal("demo sessions/s, checkpoints on / off", rate, GOAL),
             Goal("demo CPU per session, checkpoints off / on", cpu, GOAL),
             Goal(
-                "floor: CPU off / (off + one stream item per checkpoint)",
+                "floor: CPU off / (off + one socket item per checkpoint)",
                 Spread.of(ceiling),
                 GOAL,
             ),

@@ -9,6 +9,9 @@ one entry of ``rows`` token rows, as the replica sends a gateway) at a given rat
 ``StreamConsumer`` that takes them as the store and the gateway do (``await ref``); both
 processes' CPU is read from /proc over the run, less what each spends idle over the same time.
 ``PlainStreamProducer`` yields them from a plain generator on a thread of its own instead.
+``SocketProducer`` sends them over a checkpoint socket (``replica.actor.checkpoint_socket``, the
+address handed out through Ray) to a ``CheckpointSocketReader`` in the consumer, as a replica
+sends its store its checkpoints when it can (the Ray stream is that path's fallback).
 """
 
 from __future__ import annotations
@@ -24,7 +27,10 @@ from typing import Any
 import numpy as np
 import ray
 
-from replica.api import STATE_FORMAT, SessionMeta, SessionStates
+from replica.actor.checkpoint_socket import CheckpointSocket
+from replica.actor.tasks import BackgroundTasks
+from replica.api import STATE_FORMAT, OutputAddress, SessionMeta, SessionStates
+from replica.checkpoints.socket_reader import CheckpointSocketReader
 
 
 @dataclass(frozen=True)
@@ -122,6 +128,30 @@ class PlainStreamProducer:
 
 
 @ray.remote(num_cpus=0)
+class SocketProducer:
+    """Its items go over a checkpoint socket of its own on loopback (``open``: the address for
+    one reader), one at a time, each once the reader said it was taken."""
+
+    def __init__(self) -> None:
+        self.items: asyncio.Queue = asyncio.Queue()
+        self.socket: CheckpointSocket | None = None
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    async def open(self) -> OutputAddress:
+        self.socket = CheckpointSocket("127.0.0.1", BackgroundTasks())
+        return self.socket.open(self._stream)
+
+    async def _stream(self):
+        while (item := await self.items.get()) is not None:
+            yield item
+
+    async def produce(self, count: int, rate: float, make_item: Callable[[int], list]) -> None:
+        await produce(self.items.put_nowait, count, rate, make_item)
+
+
+@ray.remote(num_cpus=0)
 class StreamConsumer:
     def pid(self) -> int:
         return os.getpid()
@@ -133,6 +163,13 @@ class StreamConsumer:
             taken += len(await ref)
         return taken
 
+    async def consume_socket(self, address: OutputAddress) -> int:
+        taken = 0
+        reader = await CheckpointSocketReader.connect(address)
+        async for entries in reader.items():
+            taken += len(entries)
+        return taken
+
 
 async def stream_item_cost(
     rate: float = 50.0,
@@ -141,7 +178,8 @@ async def stream_item_cost(
     producer_class: Any = StreamProducer,
 ) -> ItemCost:
     """``ItemCost`` of one item, at ``rate`` items/s for ``seconds`` (Ray must be initialised),
-    from a ``producer_class`` actor (``StreamProducer`` or ``PlainStreamProducer``)."""
+    from a ``producer_class`` actor (``StreamProducer``, ``PlainStreamProducer`` or
+    ``SocketProducer``)."""
     producer, consumer = producer_class.remote(), StreamConsumer.remote()
     try:
         pids = await asyncio.gather(producer.pid.remote(), consumer.pid.remote())
@@ -150,7 +188,10 @@ async def stream_item_cost(
         idle = [(process_cpu_s(p) - b) / (time.monotonic() - t0) for p, b in zip(pids, before)]
         count = int(rate * seconds)
         before, t0 = [process_cpu_s(p) for p in pids], time.monotonic()
-        taking = consumer.consume.remote(producer)
+        if producer_class is SocketProducer:
+            taking = consumer.consume_socket.remote(await producer.open.remote())
+        else:
+            taking = consumer.consume.remote(producer)
         await producer.produce.remote(count, rate, make_item)
         if await taking != count:
             raise RuntimeError("the floor's consumer missed items")
